@@ -39,7 +39,7 @@ def test_split_gguf_path(tmp_path: Path):
     f.write_bytes(b"GGUF")
     assert dm.split_gguf_path(str(f)) == (str(tmp_path), "m.gguf")
     assert dm.split_gguf_path("org/name") == ("org/name", None)
-    with pytest.raises(FileNotFoundError, match="missing.gguf"):
+    with pytest.raises(FileNotFoundError, match=r"missing\.gguf"):
         dm.split_gguf_path(str(tmp_path / "missing.gguf"))
 
 
