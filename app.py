@@ -13,6 +13,10 @@ import sys
 # dependencies inside main() only, so that `python app.py --help` stays fast.
 SUBCOMMANDS: dict[str, str] = {
     "ui": "ui.cli",
+    "estimate": "backend.planner.cli",
+    "serve": "backend.server.cli",
+    "bench": "backend.bench.cli",
+    "export": "backend.export.cli",
 }
 
 

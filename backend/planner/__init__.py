@@ -1,0 +1,39 @@
+"""The planner: model specs, GPU / quantization catalogs, and the memory / speed / cost estimate."""
+
+from backend.planner.advise import compare_gpus, recommend, suggest_fixes
+from backend.planner.catalog import (
+    get_gpu,
+    get_kv_cache_dtype,
+    get_quantization,
+    list_gpus,
+    list_kv_cache_dtypes,
+    list_presets,
+    list_quantizations,
+)
+from backend.planner.estimate import Estimate, estimate
+from backend.planner.hardware import detect_local_hardware
+from backend.planner.request import PlanRequest
+from backend.planner.sources import load_model_spec
+from backend.planner.specs import ModelSpec, count_params
+from backend.planner.validation import validate_request
+
+__all__ = [
+    "Estimate",
+    "ModelSpec",
+    "PlanRequest",
+    "compare_gpus",
+    "count_params",
+    "detect_local_hardware",
+    "estimate",
+    "get_gpu",
+    "get_kv_cache_dtype",
+    "get_quantization",
+    "list_gpus",
+    "list_kv_cache_dtypes",
+    "list_presets",
+    "list_quantizations",
+    "load_model_spec",
+    "recommend",
+    "suggest_fixes",
+    "validate_request",
+]

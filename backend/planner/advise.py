@@ -1,0 +1,134 @@
+"""Advice on top of the estimate: fixes for a plan that does not fit, every GPU side by side, and the
+cheapest (GPU, count, quantization) that fits and meets optional latency / throughput targets."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from backend.planner.catalog import GIB, get_quantization, list_gpus, list_quantizations
+from backend.planner.estimate import Estimate, estimate_for_spec
+from backend.planner.request import PlanRequest
+from backend.planner.sources import load_model_spec
+from backend.planner.specs import ModelSpec
+from backend.planner.validation import resolve_quant
+
+GPU_COUNTS = (1, 2, 4, 8)
+CPU_ENGINES = ("embedded", "llamacpp", "ollama")  # engines that also run on a CPU-only host
+# Quantizations the recommendation tries, from best quality down; each engine keeps those it loads.
+RECOMMEND_QUANTS = ("bf16", "fp8", "int8-w8a8", "awq-int4", "gguf-q8_0", "gguf-q4_k_m")
+
+
+def _try(req: PlanRequest, spec: ModelSpec, **changes) -> Estimate | None:
+    try:
+        return estimate_for_spec(replace(req, **changes), spec)
+    except ValueError:
+        return None
+
+
+def _tp_options(spec: ModelSpec, above: int) -> list[int]:
+    return [n for n in GPU_COUNTS if n > above and spec.num_attention_heads % n == 0]
+
+
+def suggest_fixes(req: PlanRequest, spec: ModelSpec, est: Estimate) -> list[str]:
+    """Concrete changes, each checked by re-estimating, that make a plan fit."""
+    fixes: list[str] = []
+    current_bits = resolve_quant(req.quant, spec).bits
+    smaller = sorted((get_quantization(q) for q in list_quantizations()), key=lambda q: -q.bits)
+    gguf_ok = req.engine in CPU_ENGINES  # vLLM's GGUF loader is experimental: do not advise it
+    for quant in [q for q in smaller if q.bits < current_bits and req.engine in q.engines]:
+        if quant.name.startswith("gguf-") and not gguf_ok:
+            continue
+        trial = _try(req, spec, quant=quant.name)
+        if trial and trial.fits:
+            fixes.append(
+                f"quantize to {quant.name} ({quant.label}): "
+                f"weights {trial.weights_bytes / GIB:.1f} GiB per GPU"
+            )
+            break
+        needed = req.input_len + req.output_len
+        if trial and trial.kv_cache_bytes > 0 and trial.max_model_len_single >= needed:
+            shorter = _try(req, spec, quant=quant.name, max_model_len=trial.max_model_len_single)
+            if shorter and shorter.fits:
+                fixes.append(
+                    f"quantize to {quant.name} and lower max_model_len to {trial.max_model_len_single}: "
+                    f"weights {trial.weights_bytes / GIB:.1f} GiB per GPU"
+                )
+                break
+    if req.kv_cache_dtype in ("auto", "bf16", "fp16") and req.engine in ("vllm", "sglang", "trtllm", "tgi"):
+        trial = _try(req, spec, kv_cache_dtype="fp8")
+        if trial and trial.fits:
+            fixes.append("use an fp8 KV cache (--kv-cache-dtype fp8): half the KV bytes per token")
+    for tp in _tp_options(spec, est.tp):
+        trial = _try(req, spec, tp=tp, num_gpus=tp * req.pp)
+        if trial and trial.fits:
+            fixes.append(
+                f"use tensor parallel TP={tp} on {tp * req.pp} x {est.gpu}: weights "
+                f"{trial.weights_bytes / GIB:.1f} GiB per GPU"
+            )
+            break
+    if (
+        est.weights_bytes < est.gpu_memory_bytes
+        and est.max_model_len_single >= req.input_len + req.output_len
+    ):
+        length = est.max_model_len_single
+        trial = _try(req, spec, max_model_len=length)
+        if trial and trial.fits:
+            fixes.append(f"lower max_model_len to {length} (the longest sequence the KV cache holds)")
+    if req.gpu_memory_utilization < 0.95 and req.engine in ("vllm", "sglang", "tgi", "mii"):
+        trial = _try(req, spec, gpu_memory_utilization=0.95)
+        if trial and trial.fits:
+            fixes.append("raise gpu_memory_utilization to 0.95")
+    gpus = [g for g in list_gpus() if g != est.gpu and (g != "CPU" or req.engine in CPU_ENGINES)]
+    bigger = [t for t in (_try(req, spec, gpu=g) for g in gpus) if t and t.fits]
+    if bigger:
+        best = min(bigger, key=lambda t: t.price_per_hour)
+        fixes.append(f"use a {best.gpu} (${best.price_per_hour:.2f}/h for {best.num_gpus})")
+    return fixes
+
+
+def compare_gpus(req: PlanRequest) -> list[Estimate]:
+    """The same plan on every GPU of the catalog (the CPU host only for CPU-capable engines)."""
+    spec = load_model_spec(req.model, req.revision)
+    cpu_ok = req.engine in CPU_ENGINES
+    return [estimate_for_spec(replace(req, gpu=g), spec) for g in list_gpus() if g != "CPU" or cpu_ok]
+
+
+def _meets(est: Estimate, req: PlanRequest, ttft_s, tpot_s, tokens_per_s) -> bool:
+    if not est.fits or est.max_concurrency < req.concurrency:
+        return False
+    if ttft_s is not None and (est.ttft_s is None or est.ttft_s > ttft_s):
+        return False
+    if tpot_s is not None and (est.tpot_s is None or est.tpot_s > tpot_s):
+        return False
+    return tokens_per_s is None or est.decode_tokens_per_s_total >= tokens_per_s
+
+
+def recommend(
+    req: PlanRequest,
+    ttft_s: float | None = None,
+    tpot_s: float | None = None,
+    tokens_per_s: float | None = None,
+) -> Estimate | None:
+    """The cheapest (GPU, count, quantization) per hour that fits req.concurrency sequences of
+    input_len + output_len tokens and meets the targets given; ties go to higher quality, then speed."""
+    spec = load_model_spec(req.model, req.revision)
+    cpu_ok = req.engine in CPU_ENGINES
+    quants = [q for q in RECOMMEND_QUANTS if req.engine in get_quantization(q).engines]
+    best: Estimate | None = None
+    for gpu in list_gpus():
+        if gpu == "CPU" and not cpu_ok:
+            continue
+        for count in [1, *_tp_options(spec, 1)]:
+            for quant in quants:
+                trial = _try(req, spec, gpu=gpu, num_gpus=count, tp=count, pp=1, quant=quant)
+                if trial is None or not _meets(trial, req, ttft_s, tpot_s, tokens_per_s):
+                    continue
+                key = (trial.price_per_hour, -get_quantization(quant).bits, -trial.decode_tokens_per_s_total)
+                if best is None or key < (
+                    best.price_per_hour,
+                    -get_quantization(best.quant).bits,
+                    -best.decode_tokens_per_s_total,
+                ):
+                    best = trial
+                break  # higher-quality quantizations come first: the rest only cost quality
+    return best

@@ -1,0 +1,207 @@
+"""load_model_spec(): a ModelSpec from a bundled preset, a local folder, a GGUF file or a Hub id.
+
+Local folders and Hub repos are read from their safetensors headers (exact bytes per tensor, no weights
+downloaded); GGUF files from their tensor table (gguf's GGUFReader).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import cache
+from pathlib import Path
+
+from backend.planner.catalog import get_quantization, list_presets, preset_document
+from backend.planner.memory import weight_bytes_total
+from backend.planner.specs import PARAM_KINDS, ModelSpec, spec_from_config
+
+
+def param_kind(name: str) -> str:
+    """Which PARAM_KINDS group a tensor belongs to, from its HF or GGUF name."""
+    n = name.lower()
+    if any(s in n for s in ("vision", "visual", "multi_modal_projector", "mm_projector")):
+        return "vision"
+    if n in ("token_embd.weight", "output.weight") or any(
+        s in n for s in ("embed_tokens", "lm_head", "wte.")
+    ):
+        return "embedding"
+    if "norm" in n:
+        return "other"
+    if ".experts." in n or "_exps" in n:
+        return "experts"
+    if any(s in n for s in ("self_attn", "attention", ".attn.", "attn_")):
+        return "attention"
+    if any(s in n for s in ("mlp", "feed_forward", "ffn_")):
+        return "mlp"
+    return "other"
+
+
+def _offline_message(model: str, reason: str) -> str:
+    return (
+        f"Could not read {model!r} from the Hugging Face Hub ({reason}). The Hub may be unreachable: pass a "
+        f"local model folder or a .gguf file, or one of the bundled presets: {', '.join(list_presets())}"
+    )
+
+
+def _spec_from_safetensors(config: dict, name: str, source: str, metadata) -> ModelSpec:
+    """From huggingface_hub's SafetensorsRepoMetadata (a Hub repo or a local folder): exact byte sizes from
+    each tensor's data offsets; parameter counts from shapes unless the weights are packed (quantized)."""
+    total_bytes = 0
+    params = dict.fromkeys(PARAM_KINDS, 0)
+    for file_metadata in metadata.files_metadata.values():
+        for tensor_name, info in file_metadata.tensors.items():
+            start, end = info.data_offsets
+            total_bytes += end - start
+            params[param_kind(tensor_name)] += math.prod(info.shape)
+    if config.get("quantization_config"):  # packed int formats make element counts meaningless
+        params = None
+    return spec_from_config(config, name, source, params=params, weights_bytes=total_bytes)
+
+
+def _local_folder_spec(folder: Path) -> ModelSpec:
+    from huggingface_hub import get_local_safetensors_metadata
+
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise ValueError(
+            f"{folder} has no config.json; a local model folder needs config.json and *.safetensors"
+        )
+    config = json.loads(config_file.read_text())
+    if not any(folder.glob("*.safetensors")):
+        return spec_from_config(config, folder.name, f"local:{folder} (config.json only, no safetensors)")
+    metadata = get_local_safetensors_metadata(folder)
+    return _spec_from_safetensors(config, folder.name, f"local:{folder}", metadata)
+
+
+def _gguf_spec(path: Path) -> ModelSpec:
+    stat = path.stat()
+    return _gguf_spec_cached(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@cache
+def _gguf_spec_cached(file: str, mtime_ns: int, size: int) -> ModelSpec:
+    """GGUFReader parses the whole tokenizer (seconds): read each file version once."""
+    from gguf import GGUFReader, LlamaFileType
+
+    path = Path(file)
+    reader = GGUFReader(str(path))
+
+    def field(key: str, default=None):
+        item = reader.fields.get(key)
+        return item.contents() if item is not None else default
+
+    arch = field("general.architecture", "llama")
+    heads = field(f"{arch}.attention.head_count")
+    hidden = field(f"{arch}.embedding_length")
+    names = {t.name for t in reader.tensors}
+    config = {
+        "architectures": [arch],
+        "model_type": arch,
+        "hidden_size": hidden,
+        "num_hidden_layers": field(f"{arch}.block_count"),
+        "intermediate_size": field(f"{arch}.feed_forward_length"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": field(f"{arch}.attention.head_count_kv", heads),
+        "head_dim": field(f"{arch}.attention.key_length", hidden // heads),
+        "vocab_size": field(f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data),
+        "max_position_embeddings": field(f"{arch}.context_length", 2048),
+        "sliding_window": field(f"{arch}.attention.sliding_window"),
+        "num_local_experts": field(f"{arch}.expert_count"),
+        "num_experts_per_tok": field(f"{arch}.expert_used_count"),
+        "tie_word_embeddings": "output.weight" not in names,
+    }
+    params = dict.fromkeys(PARAM_KINDS, 0)
+    for tensor in reader.tensors:
+        params[param_kind(tensor.name)] += int(tensor.n_elements)
+    file_type = field("general.file_type")
+    dtype = (
+        "gguf-" + LlamaFileType(file_type).name.removeprefix("MOSTLY_").lower()
+        if file_type is not None
+        else "gguf"
+    )
+    weights = sum(int(t.n_bytes) for t in reader.tensors)
+    name = field("general.name") or path.stem
+    return spec_from_config(
+        config, name, f"gguf:{path}", params=params, weights_bytes=weights, checkpoint_dtype=dtype
+    )
+
+
+@cache
+def _preset_spec(hub_id: str) -> ModelSpec:
+    doc = preset_document(hub_id)
+    config = doc["config"]
+    spec = spec_from_config(config, doc["hub_id"], f"preset:presets/models ({doc['params_source']})")
+    if spec.params_total != doc["params_total"]:
+        raise ValueError(
+            f"preset {hub_id}: config gives {spec.params_total} parameters, file says {doc['params_total']}"
+        )
+    spec.weights_bytes = weight_bytes_total(spec, get_quantization(spec.checkpoint_dtype))
+    return spec
+
+
+def hub_unreachable_reason(timeout: float = 3.0) -> str | None:
+    """Why the Hub cannot be reached (offline mode, DNS, no route), or None; fails fast, no retries."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "", "false"):
+        return "HF_HUB_OFFLINE is set"
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+    except OSError as exc:
+        return f"cannot connect to {host}: {exc}"
+    return None
+
+
+@cache
+def _hub_spec(repo_id: str, revision: str | None) -> ModelSpec:
+    from huggingface_hub import get_safetensors_metadata, hf_hub_download
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    reason = hub_unreachable_reason()
+    if reason:
+        raise ValueError(_offline_message(repo_id, reason))
+    try:
+        config = json.loads(Path(hf_hub_download(repo_id, "config.json", revision=revision)).read_text())
+        metadata = get_safetensors_metadata(repo_id, revision=revision)
+    except RepositoryNotFoundError:
+        raise ValueError(_offline_message(repo_id, "no such repository, or it is private")) from None
+    except GatedRepoError:
+        raise ValueError(
+            _offline_message(repo_id, "gated repository: log in with a token that has access")
+        ) from None
+    except Exception as exc:  # offline, DNS, timeouts, no safetensors: all end in the same advice
+        raise ValueError(_offline_message(repo_id, f"{type(exc).__name__}: {str(exc)[:160]}")) from None
+    return _spec_from_safetensors(config, repo_id, f"hub:{repo_id}", metadata)
+
+
+def _find_preset(model: str) -> str | None:
+    if preset_document(model):
+        return model
+    matches = [hub for hub in list_presets() if hub.split("/")[-1].lower() == model.lower()]
+    return matches[0] if len(matches) == 1 else None
+
+
+def load_model_spec(model: str, revision: str | None = None) -> ModelSpec:
+    """A ModelSpec from a local .gguf file or folder, a bundled preset (by Hub id), or the Hub."""
+    if not isinstance(model, str) or not model.strip():
+        raise ValueError(f"model must be a Hub id, a local folder, a .gguf file or a preset; got {model!r}")
+    model = model.strip()
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ValueError(f"GGUF file not found: {model}")
+        return _gguf_spec(path)
+    if path.is_dir():
+        return _local_folder_spec(path)
+    preset = _find_preset(model)
+    if preset:
+        return _preset_spec(preset)
+    if model.count("/") == 1 and not model.startswith((".", "/", "~")):
+        return _hub_spec(model, revision)
+    raise ValueError(
+        f"unknown model {model!r}: not a local folder or .gguf file, not a Hub id (owner/name), and not a "
+        f"bundled preset. Presets: {', '.join(list_presets())}"
+    )
