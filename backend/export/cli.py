@@ -1,0 +1,102 @@
+"""Export launch configs for serving engines (vLLM, SGLang, TensorRT-LLM, TGI, MII, llama.cpp, Ollama, ours).
+
+Writes the files and a README.md that explains each one into --out, and prints the main launch command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from backend.export.base import DTYPES, SPECULATIVE_METHODS
+from backend.export.files import ENGINES, FORMATS
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """The planner's options (PlanRequest fields), with vLLM's names."""
+    plan = parser.add_argument_group("plan")
+    plan.add_argument("--model", required=True, help="Hub id, local folder or .gguf file")
+    plan.add_argument("--revision", default=None, help="branch, tag or commit of the Hub repo")
+    plan.add_argument("--gpu", default="H100-80GB", help="GPU short name (default: H100-80GB)")
+    plan.add_argument("--num-gpus", type=int, default=1, help="GPUs per replica (= tp x pp)")
+    plan.add_argument("--tp", type=int, default=None, help="tensor parallel size (default: num-gpus / pp)")
+    plan.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
+    plan.add_argument("--dp", type=int, default=1, help="data parallel replicas")
+    plan.add_argument("--enable-expert-parallel", action="store_true")
+    plan.add_argument("--quant", default="bf16", help="bf16, fp8, awq, gptq, nf4, mxfp4, nvfp4, Q4_K_M, ...")
+    plan.add_argument("--kv-cache-dtype", default="auto")
+    plan.add_argument("--max-model-len", type=int, default=None)
+    plan.add_argument("--input-len", type=int, default=1024)
+    plan.add_argument("--output-len", type=int, default=256)
+    plan.add_argument("--concurrency", type=int, default=16)
+    plan.add_argument("--gpu-memory-utilization", type=float, default=0.92)
+    plan.add_argument("--max-num-seqs", type=int, default=256)
+    plan.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    plan.add_argument("--block-size", type=int, default=16)
+    plan.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from app import port_number
+
+    parser.add_argument("--engine", nargs="+", default=["vllm"], choices=[*ENGINES, "all"])
+    parser.add_argument("--format", nargs="+", default=["shell"], choices=[*FORMATS, "all"])
+    parser.add_argument("--out", type=Path, required=True, help="folder to write the files into")
+    add_plan_arguments(parser)
+    serve = parser.add_argument_group("server")
+    serve.add_argument("--host", default="127.0.0.1", help="address the server binds (default: 127.0.0.1)")
+    serve.add_argument("--port", type=port_number, default=8000)
+    serve.add_argument("--served-model-name", default=None)
+    serve.add_argument("--api-key-env", default=None, help="name of the env variable holding the API key")
+    serve.add_argument(
+        "--hf-token-env", default="HF_TOKEN", help="name of the env variable holding the Hub token"
+    )
+    serve.add_argument("--dtype", default="auto", choices=DTYPES)
+    serve.add_argument("--trust-remote-code", action="store_true")
+    serve.add_argument("--speculative-method", default=None, choices=SPECULATIVE_METHODS)
+    serve.add_argument("--speculative-model", default=None)
+    serve.add_argument("--num-speculative-tokens", type=int, default=3)
+    serve.add_argument("--gpus-per-node", type=int, default=8)
+
+
+def main(args: argparse.Namespace) -> int:
+    from backend.export import ExportOptions, export_files, main_command, resolve
+    from backend.planner.request import PlanRequest
+
+    req = PlanRequest(
+        model=args.model, revision=args.revision, gpu=args.gpu, num_gpus=args.num_gpus, tp=args.tp,
+        pp=args.pp,
+        dp=args.dp, enable_expert_parallel=args.enable_expert_parallel, quant=args.quant,
+        kv_cache_dtype=args.kv_cache_dtype, max_model_len=args.max_model_len, input_len=args.input_len,
+        output_len=args.output_len, concurrency=args.concurrency,
+        gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+        enable_prefix_caching=args.enable_prefix_caching,
+        engine=args.engine[0] if args.engine[0] != "all" else "vllm",
+    )  # fmt: skip
+    options = ExportOptions(
+        host=args.host, port=args.port, served_model_name=args.served_model_name,
+        api_key_env=args.api_key_env,
+        hf_token_env=args.hf_token_env, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
+        speculative_method=args.speculative_method, speculative_model=args.speculative_model,
+        num_speculative_tokens=args.num_speculative_tokens, gpus_per_node=args.gpus_per_node,
+    )  # fmt: skip
+    try:
+        files = export_files(req, options, engines=args.engine, formats=args.format)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for path, text in files.items():
+        target = args.out / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        if path.endswith(".sh"):
+            target.chmod(0o755)
+    print(f"wrote {len(files)} files to {args.out} (see {args.out / 'README.md'})")
+    order = ENGINES if "all" in args.engine else args.engine
+    engine = next((name for name in order if f"{name}/launch.sh" in files), None)
+    if engine:
+        print(f"\nmain command ({engine}):\n")
+        print(main_command(resolve(req, options), engine))
+    return 0

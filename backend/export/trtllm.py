@@ -1,0 +1,101 @@
+"""TensorRT-LLM 1.2: `trtllm-serve` with the PyTorch backend, plus its extra options YAML.
+
+Memory: `kv_cache_free_gpu_memory_fraction` is the share of the memory still free after the weights are
+loaded that goes to the KV cache; it is converted from the plan's KV budget. Quantized weights must be a
+checkpoint made with NVIDIA ModelOpt (`--qformat fp8|int4_awq|w4a8_awq|nvfp4`); their format is read
+from the checkpoint, so no quantization flag is passed.
+"""
+
+from __future__ import annotations
+
+from backend.export.base import Token, dump_yaml
+from backend.export.engine import EngineInfo, map_kv, map_quant, refuse_api_key, refuse_dp
+from backend.export.plan import ExportPlan
+
+INFO = EngineInfo(
+    name="trtllm",
+    title="TensorRT-LLM",
+    version="1.2.1",
+    image="nvcr.io/nvidia/tensorrt-llm/release:1.2.1",
+    pip="pip install tensorrt_llm==1.2.1",
+    metrics_path="/prometheus/metrics",
+    served_name_flag=False,
+)
+CONFIG_FILE = "extra_llm_api_options.yaml"
+QUANT = {"none": None, "fp8": None, "awq": None, "nvfp4": None, "mxfp4": None}
+KV = {
+    "auto": "auto",
+    "bf16": "auto",
+    "bfloat16": "auto",
+    "fp16": "auto",
+    "float16": "auto",
+    "fp8": "fp8",
+    "fp8_e4m3": "fp8",
+}
+SPECULATIVE = {"eagle3": "Eagle3", "ngram": "NGram", "draft_model": "DraftTarget"}
+
+
+def extra_options(plan: ExportPlan) -> dict:
+    options: dict = {
+        "kv_cache_config": {
+            "dtype": map_kv(plan, INFO, KV),
+            "enable_block_reuse": plan.req.enable_prefix_caching,
+            "tokens_per_block": plan.req.block_size,
+        },
+        "enable_chunked_prefill": True,
+        "return_perf_metrics": plan.options.enable_metrics,
+    }
+    if method := plan.options.speculative_method:
+        spec: dict = {
+            "decoding_type": SPECULATIVE[method],
+            "max_draft_len": plan.options.num_speculative_tokens,
+        }
+        if plan.options.speculative_model:
+            spec["speculative_model_dir"] = plan.options.speculative_model
+        if method == "ngram":
+            spec["max_matching_ngram_size"] = 4
+        options["speculative_config"] = spec
+    if plan.req.revision:
+        options["revision"] = plan.req.revision
+    return options
+
+
+def command(plan: ExportPlan, host: str, port: int) -> list[Token]:
+    map_quant(
+        plan, INFO, QUANT,
+        "Quantize with NVIDIA ModelOpt (fp8, int4_awq, nvfp4); for GGUF use llama.cpp, "
+        "for GPTQ or bitsandbytes vLLM.",
+    )  # fmt: skip
+    refuse_dp(plan, INFO)
+    refuse_api_key(plan, INFO)
+    extra_options(plan)  # refuses an unsupported KV dtype before any file is written
+    argv: list[Token] = [
+        "trtllm-serve",
+        plan.model,
+        "--backend",
+        "pytorch",
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
+    argv += ["--tp_size", str(plan.tp), "--pp_size", str(plan.pp)]
+    if plan.req.enable_expert_parallel:
+        argv += ["--ep_size", str(plan.tp)]
+    argv += [
+        "--max_batch_size", str(plan.max_num_seqs),
+        "--max_num_tokens", str(plan.req.max_num_batched_tokens),
+        "--max_seq_len", str(plan.max_model_len),
+        "--kv_cache_free_gpu_memory_fraction", str(plan.trtllm_free_gpu_memory_fraction()),
+        "--config", CONFIG_FILE,
+    ]  # fmt: skip
+    if plan.options.trust_remote_code:
+        argv.append("--trust_remote_code")
+    return argv
+
+
+def extra_files(plan: ExportPlan) -> dict[str, str]:
+    header = (
+        f"# TensorRT-LLM {INFO.version} LLM API options, passed with `trtllm-serve --config {CONFIG_FILE}`.\n"
+    )
+    return {CONFIG_FILE: header + dump_yaml(extra_options(plan))}
