@@ -1,0 +1,156 @@
+"""Benchmark prompts: random, chat (from the bundled corpus), prefix-repetition, or a JSONL file.
+
+Nothing is downloaded. Lengths are counted in the model's tokens when a tokenizer is given, otherwise
+in words (about 1.3 tokens each for English); the benchmark reports the server's exact token counts.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+CORPUS_PATH = Path(__file__).parent / "data" / "shakespeare.txt"
+DATASETS = ("random", "chat", "prefix-repetition")
+CHAT_INSTRUCTIONS = (
+    "Summarize the following passage in two sentences.",
+    "Who is speaking in this scene, and what does each of them want?",
+    "Rewrite this passage in plain modern English.",
+    "Continue this scene with a few more lines in the same style.",
+    "What is the mood of this passage? Quote the lines that show it.",
+    "Explain the main argument made in this passage to a student.",
+    "List the characters mentioned below and describe each in one line.",
+    "Write a short title for this scene and explain your choice.",
+)
+
+
+@dataclass(slots=True)
+class SampleRequest:
+    """One benchmark request: a completion prompt or chat messages, and its max_tokens."""
+
+    prompt: str | None
+    messages: list[dict[str, str]] | None
+    output_len: int
+
+
+@cache
+def corpus_text() -> str:
+    return CORPUS_PATH.read_text(encoding="utf-8")
+
+
+@cache
+def corpus_words() -> tuple[str, ...]:
+    return tuple(corpus_text().split())
+
+
+def _length(rng: random.Random, mean: int, range_ratio: float) -> int:
+    low, high = max(1, int(mean * (1 - range_ratio))), max(1, int(mean * (1 + range_ratio)))
+    return rng.randint(low, high)
+
+
+def _words(rng: random.Random, n: int, tokenizer=None) -> str:
+    """A run of ``n`` corpus words (or exactly ``n`` tokens with a tokenizer) from a random start."""
+    words = corpus_words()
+    start = rng.randrange(len(words))
+    picked = [words[(start + i) % len(words)] for i in range(n)]
+    text = " ".join(picked)
+    if tokenizer is None:
+        return text
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"][:n]
+    return tokenizer.decode(ids)
+
+
+def _passage(rng: random.Random, n_words: int) -> str:
+    """A passage of about ``n_words`` words starting at a line boundary, line breaks kept."""
+    lines = corpus_text().splitlines()
+    start = rng.randrange(len(lines))
+    out, count = [], 0
+    for i in range(len(lines)):
+        line = lines[(start + i) % len(lines)]
+        out.append(line)
+        count += len(line.split())
+        if count >= n_words:
+            break
+    return "\n".join(out).strip()
+
+
+def random_requests(n, input_len, output_len, range_ratio, rng, tokenizer=None) -> list[SampleRequest]:
+    return [
+        SampleRequest(
+            _words(rng, _length(rng, input_len, range_ratio), tokenizer),
+            None,
+            _length(rng, output_len, range_ratio),
+        )
+        for _ in range(n)
+    ]
+
+
+def chat_requests(n, input_len, output_len, range_ratio, rng) -> list[SampleRequest]:
+    requests = []
+    for _ in range(n):
+        instruction = rng.choice(CHAT_INSTRUCTIONS)
+        content = f"{instruction}\n\n{_passage(rng, _length(rng, input_len, range_ratio))}"
+        requests.append(
+            SampleRequest(None, [{"role": "user", "content": content}], _length(rng, output_len, range_ratio))
+        )
+    return requests
+
+
+def prefix_repetition_requests(n, input_len, output_len, num_prefixes, prefix_len, rng, tokenizer=None):
+    """``num_prefixes`` shared prefixes of ``prefix_len``, each followed by a random suffix."""
+    prefix_len = min(prefix_len, input_len - 1)
+    prefixes = [_words(rng, prefix_len, tokenizer) for _ in range(num_prefixes)]
+    return [
+        SampleRequest(
+            f"{prefixes[i % num_prefixes]} {_words(rng, input_len - prefix_len, tokenizer)}", None, output_len
+        )
+        for i in range(n)
+    ]
+
+
+def file_requests(path: str, n: int, output_len: int, rng: random.Random) -> list[SampleRequest]:
+    """JSONL lines with "prompt" (str) or "messages" (chat), optionally "max_tokens"/"output_len"."""
+    rows = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not valid JSON ({exc})") from None
+        if not isinstance(row, dict) or not (
+            isinstance(row.get("prompt"), str) or isinstance(row.get("messages"), list)
+        ):
+            raise ValueError(f'{path}:{number}: each line needs "prompt" (a string) or "messages" (a list)')
+        out_len = int(row.get("max_tokens") or row.get("output_len") or output_len)
+        rows.append(SampleRequest(row.get("prompt"), row.get("messages"), out_len))
+    if not rows:
+        raise ValueError(f"{path}: no requests found")
+    return [rows[i % len(rows)] for i in range(n)] if n > len(rows) else rng.sample(rows, n)
+
+
+def sample_requests(config) -> list[SampleRequest]:
+    """The requests for a BenchConfig (same seed, same requests)."""
+    rng = random.Random(config.seed)
+    tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
+    n, inp, out, ratio = config.num_prompts, config.input_len, config.output_len, config.range_ratio
+    if config.dataset == "random":
+        return random_requests(n, inp, out, ratio, rng, tokenizer)
+    if config.dataset == "chat":
+        return chat_requests(n, inp, out, ratio, rng)
+    if config.dataset == "prefix-repetition":
+        return prefix_repetition_requests(n, inp, out, config.num_prefixes, config.prefix_len, rng, tokenizer)
+    if config.dataset.endswith(".jsonl"):
+        return file_requests(config.dataset, n, out, rng)
+    raise ValueError(f"unknown dataset {config.dataset!r}: use one of {', '.join(DATASETS)} or a FILE.jsonl")
+
+
+def load_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    from backend.default_model import split_gguf_path
+
+    folder, gguf_file = split_gguf_path(name)
+    return AutoTokenizer.from_pretrained(folder, **({"gguf_file": gguf_file} if gguf_file else {}))

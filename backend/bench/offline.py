@@ -1,0 +1,220 @@
+"""Offline throughput: the embedded engine against transformers, same model, workload and dtype, one process.
+
+    python -m backend.bench.offline            # the full workload (128 chat prompts, default model)
+    python -m backend.bench.offline --num-prompts 32 --max-tokens 96
+
+Modes: the engine (continuous batching), transformers `generate` in static left-padded batches, and
+transformers `generate_batch`-style continuous batching (its ContinuousBatchingManager, so that each
+request keeps its own max_tokens); then batch-1 decode speed and the time to first token of a 512-token
+prompt. Output tokens/s counts the tokens each request asked for (greedy, ignore_eos).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Workload:
+    prompts: list[list[int]]
+    max_tokens: list[int]
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.max_tokens)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="model folder, GGUF file or Hub id (default model)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--num-prompts", type=int, default=128)
+    parser.add_argument("--min-prompt-len", type=int, default=20)
+    parser.add_argument("--max-prompt-len", type=int, default=600)
+    parser.add_argument("--min-tokens", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=16, help="transformers static batch size")
+    parser.add_argument("--decode-tokens", type=int, default=64, help="tokens for the batch-1 decode test")
+    parser.add_argument("--ttft-prompt-len", type=int, default=512)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    parser.add_argument("--skip", default="", help="comma list of modes to skip: static,cb,batch1,ttft")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def make_workload(tokenizer, args: argparse.Namespace) -> Workload:
+    """Chat prompts of random words, lengths uniform in [min, max] tokens (template included)."""
+    rng = random.Random(args.seed)
+    words = [i for t, i in tokenizer.get_vocab().items() if t.startswith("Ġ") and t[1:].isalpha()]
+    overhead = len(chat_ids(tokenizer, ""))
+    prompts, max_tokens = [], []
+    for _ in range(args.num_prompts):
+        target = rng.randint(args.min_prompt_len, args.max_prompt_len)
+        content = tokenizer.decode(rng.choices(words, k=max(1, target - overhead))).strip()
+        prompts.append(chat_ids(tokenizer, content)[: args.max_prompt_len])
+        max_tokens.append(rng.randint(args.min_tokens, args.max_tokens))
+    return Workload(prompts, max_tokens)
+
+
+def chat_ids(tokenizer, content: str) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+    )
+    return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def run_engine(llm, work: Workload) -> float:
+    from backend.engine import SamplingParams
+
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in work.max_tokens]
+    start = time.perf_counter()
+    outs = llm.generate(work.prompts, params)
+    elapsed = time.perf_counter() - start
+    assert [len(o.outputs[0].token_ids) for o in outs] == work.max_tokens
+    return elapsed
+
+
+def hf_generation_config(model, max_new_tokens: int):
+    config = model.generation_config.__class__.from_dict(model.generation_config.to_dict())
+    config.update(max_new_tokens=max_new_tokens, min_new_tokens=None, do_sample=False, eos_token_id=None)
+    config.update(pad_token_id=0, temperature=None, top_p=None, top_k=None)
+    return config
+
+
+def run_hf_static(model, work: Workload, batch_size: int) -> float:
+    import torch
+
+    start = time.perf_counter()
+    for i in range(0, len(work.prompts), batch_size):
+        batch = work.prompts[i : i + batch_size]
+        width = max(map(len, batch))
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        new = max(work.max_tokens[i : i + batch_size])
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=mask, generation_config=hf_generation_config(model, new))
+        assert out.shape[1] == width + new
+    return time.perf_counter() - start
+
+
+def run_hf_continuous(model, work: Workload) -> float:
+    from transformers.generation.continuous_batching.continuous_api import WorkloadHints
+
+    config = hf_generation_config(model, max(work.max_tokens))
+    hints = WorkloadHints(max(map(len, work.prompts)), max(work.max_tokens), len(work.prompts))
+    start = time.perf_counter()
+    with model.continuous_batching_context_manager(generation_config=config, workload_hints=hints) as manager:
+        for i, (prompt, m) in enumerate(zip(work.prompts, work.max_tokens, strict=True)):
+            manager.add_request(prompt, request_id=f"r{i}", max_new_tokens=m, eos_token_id=-1)
+        done = 0
+        while done < len(work.prompts):
+            result = manager.get_result(timeout=1)
+            if result is not None and result.is_finished():
+                done += 1
+    return time.perf_counter() - start
+
+
+def decode_rate(generate_one, tokens: int) -> float:
+    """Batch-1 decode tokens/s: (time for N tokens - time for 1 token) / (N - 1)."""
+    generate_one(1)
+    start = time.perf_counter()
+    generate_one(1)
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    generate_one(tokens)
+    return (tokens - 1) / (time.perf_counter() - start - first)
+
+
+def timed(fn) -> float:
+    fn()  # warm-up
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    from backend.default_model import default_model
+    from backend.engine import LLM, SamplingParams
+    from backend.hf_reference import load_hf_model
+
+    torch.manual_seed(args.seed)
+    model = args.model or default_model()
+    print(f"model {model}, dtype {args.dtype}, torch threads {torch.get_num_threads()}", flush=True)
+    llm = LLM(model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens)  # fmt: skip
+    hf, _ = load_hf_model(model, getattr(torch, args.dtype))
+    hf = hf.to(llm.device)
+    work = make_workload(llm.tokenizer, args)
+    lens = [len(p) for p in work.prompts]
+    print(f"{len(lens)} prompts of {min(lens)}-{max(lens)} tokens (mean {sum(lens) / len(lens):.0f}), "
+          f"{work.output_tokens} output tokens", flush=True)  # fmt: skip
+    skip = set(args.skip.split(","))
+    warm = Workload(work.prompts[:2], [4, 4])
+    run_engine(llm, warm)
+    rows: dict[str, float] = {}
+    rows["engine (continuous batching)"] = work.output_tokens / run_engine(llm, work)
+    print(f"engine: {rows['engine (continuous batching)']:.1f} tok/s", flush=True)
+    if "static" not in skip:
+        run_hf_static(hf, warm, args.batch_size)
+        rows[f"transformers generate, static batch {args.batch_size}"] = work.output_tokens / run_hf_static(
+            hf, work, args.batch_size
+        )
+    if "cb" not in skip:
+        try:
+            rows["transformers generate_batch (continuous)"] = work.output_tokens / run_hf_continuous(hf, work)
+        except Exception as exc:  # its API moves between transformers versions
+            print(f"transformers continuous batching failed: {type(exc).__name__}: {exc}", flush=True)
+    print_table("Throughput (output tokens/s)", rows)
+
+    prompt = work.prompts[0][:32]
+    if "batch1" not in skip:
+
+        def engine_one(n):
+            return llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+
+        def hf_one(n):
+            with torch.inference_mode():
+                hf.generate(torch.tensor([prompt]), generation_config=hf_generation_config(hf, n))
+
+        b1 = {"engine": decode_rate(engine_one, args.decode_tokens)}
+        b1["transformers generate"] = decode_rate(hf_one, args.decode_tokens)
+        print_table("Batch-1 decode (tokens/s)", b1)
+    if "ttft" not in skip:
+        long_prompt = (work.prompts[0] * (args.ttft_prompt_len // len(work.prompts[0]) + 1))[
+            : args.ttft_prompt_len
+        ]
+        ttft = {
+            "engine": timed(lambda: llm.generate(long_prompt, SamplingParams(temperature=0.0, max_tokens=1)))
+        }
+        with torch.inference_mode():
+            ids = torch.tensor([long_prompt])
+            ttft["transformers generate"] = timed(
+                lambda: hf.generate(ids, generation_config=hf_generation_config(hf, 1))
+            )
+        print_table(f"TTFT of a {args.ttft_prompt_len}-token prompt (s, lower is better)", ttft, lower=True)
+    return 0
+
+
+def print_table(title: str, rows: dict[str, float], lower: bool = False) -> None:
+    engine_key = next(iter(rows))
+    print(f"\n{title}")
+    print(f"  {'mode':<44} {'value':>10} {'engine / mode':>14}")
+    for name, value in rows.items():
+        ratio = (value / rows[engine_key]) if lower else (rows[engine_key] / value)
+        print(f"  {name:<44} {value:>10.3f} {ratio:>13.2f}x")
+    others = [v for k, v in rows.items() if k != engine_key]
+    if others:
+        best = min(others) if lower else max(others)
+        ratio = best / rows[engine_key] if lower else rows[engine_key] / best
+        print(f"  engine vs the best transformers mode: {ratio:.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    raise SystemExit(main(parser.parse_args()))

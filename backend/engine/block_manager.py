@@ -1,0 +1,119 @@
+"""BlockManager: the paged KV cache's bookkeeping (no tensors here).
+
+The KV pool is split into fixed-size blocks. A sequence owns a block_table (list of block ids). With
+prefix caching, every full block whose KV has been computed gets a chained hash (its tokens plus the hash
+of the block before it), so a later sequence with the same prefix reuses the block (ref_count + 1).
+Freed blocks go to a free list in LRU order; a freed block keeps its hash until it is reused for new data,
+so a cached prefix survives until memory is actually needed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from backend.engine.sequence import Sequence
+
+
+def chain_hash(prev_hash: int, token_ids: tuple[int, ...]) -> int:
+    return hash((prev_hash, token_ids))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.hash_to_block: dict[int, int] = {}
+        # free blocks, evicted from the front: never-cached blocks first, then cached ones, oldest first
+        self.free_blocks: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.prefix_cache_queries = 0  # tokens looked up
+        self.prefix_cache_hits = 0  # tokens found
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_blocks)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_blocks)
+
+    def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
+        """New blocks seq needs to hold num_tokens more tokens after its computed ones."""
+        total = -(-(seq.num_computed_tokens + num_tokens) // self.block_size)
+        return max(0, total - len(seq.block_table))
+
+    def can_allocate(self, num_blocks: int) -> bool:
+        return num_blocks <= len(self.free_blocks)
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """For a sequence with no blocks yet: take the cached blocks of its longest cached prefix.
+
+        Returns the number of prompt tokens found (they count as computed).
+        """
+        assert not seq.block_table and seq.num_computed_tokens == 0
+        if not self.enable_prefix_caching:
+            return 0
+        # leave at least one token to compute, so the step produces logits to sample from
+        num_full = (len(seq.token_ids) - 1) // self.block_size
+        prev = 0
+        for i in range(num_full):
+            h = chain_hash(prev, tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size]))
+            block_id = self.hash_to_block.get(h)
+            if block_id is None:
+                break
+            self._take(block_id)
+            seq.block_table.append(block_id)
+            seq.block_hashes.append(h)
+            prev = h
+        seq.num_computed_tokens = len(seq.block_table) * self.block_size
+        return seq.num_computed_tokens
+
+    def record_prefix_lookup(self, num_tokens: int, num_hits: int) -> None:
+        if self.enable_prefix_caching:
+            self.prefix_cache_queries += num_tokens
+            self.prefix_cache_hits += num_hits
+
+    def allocate(self, seq: Sequence, num_blocks: int) -> None:
+        for _ in range(num_blocks):
+            block_id = next(iter(self.free_blocks))
+            old_hash = self.block_hash[block_id]
+            if old_hash is not None:  # evict the cached content
+                if self.hash_to_block.get(old_hash) == block_id:
+                    del self.hash_to_block[old_hash]
+                self.block_hash[block_id] = None
+            self._take(block_id)
+            seq.block_table.append(block_id)
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register the hashes of seq's blocks that became full and computed this step."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = seq.num_computed_tokens // self.block_size
+        for i in range(len(seq.block_hashes), num_full):
+            prev = seq.block_hashes[-1] if seq.block_hashes else 0
+            h = chain_hash(prev, tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size]))
+            seq.block_hashes.append(h)
+            block_id = seq.block_table[i]
+            if h not in self.hash_to_block:
+                self.hash_to_block[h] = block_id
+                self.block_hash[block_id] = h
+
+    def free(self, seq: Sequence) -> None:
+        # reversed: a sequence's tail blocks are the least likely to be shared, so they are evicted first
+        for block_id in reversed(seq.block_table):
+            self.ref_counts[block_id] -= 1
+            assert self.ref_counts[block_id] >= 0
+            if self.ref_counts[block_id] == 0:
+                self.free_blocks[block_id] = None
+                if self.block_hash[block_id] is None:
+                    self.free_blocks.move_to_end(block_id, last=False)
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_computed_tokens = 0
+
+    def _take(self, block_id: int) -> None:
+        if self.ref_counts[block_id] == 0:
+            del self.free_blocks[block_id]
+        self.ref_counts[block_id] += 1

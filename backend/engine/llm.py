@@ -1,0 +1,131 @@
+"""LLM: the offline entry point, vLLM's `LLM(model).generate(prompts, params)` and `.chat(...)`."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.outputs import RequestOutput
+from backend.engine.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str,
+        dtype: str = "auto",
+        device: str = "auto",
+        block_size: int = 16,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 512,
+        max_model_len: int | None = None,
+        num_kv_blocks: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        enable_prefix_caching: bool = True,
+        seed: int = 0,
+        trust_remote_code: bool = False,
+    ) -> None:
+        config = EngineConfig(
+            model=str(model),
+            dtype=dtype,
+            device=device,
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            num_kv_blocks=num_kv_blocks,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            enable_prefix_caching=enable_prefix_caching,
+            seed=seed,
+            trust_remote_code=trust_remote_code,
+        )
+        self.llm_engine = LLMEngine(config)
+        self._request_ids = itertools.count()
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.llm_engine.tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self.llm_engine.model_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.llm_engine.max_model_len
+
+    @property
+    def device(self) -> str:
+        return str(self.llm_engine.device)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.llm_engine.dtype
+
+    def stats(self) -> dict:
+        return self.llm_engine.stats()
+
+    def generate(
+        self,
+        prompts: Prompt | list[str] | list[list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Run all prompts to completion with continuous batching; outputs in the order of the prompts."""
+        if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        params = params if params is not None else SamplingParams()
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
+        engine = self.llm_engine
+        processed = [engine.process_inputs(p, sp) for p, sp in zip(prompts, params_list, strict=True)]
+        ids = [f"llm-{next(self._request_ids)}" for _ in prompts]
+        for request_id, (text, token_ids), sp in zip(ids, processed, params_list, strict=True):
+            engine.add_processed_request(request_id, text, token_ids, sp)
+        results: dict[str, RequestOutput] = {}
+        bar = _progress(len(ids)) if use_tqdm else None
+        try:
+            while len(results) < len(ids):
+                for out in engine.step():
+                    if out.finished:
+                        results[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+        finally:
+            for request_id in ids:
+                if request_id not in results:
+                    engine.abort_request(request_id)
+            if bar is not None:
+                bar.close()
+        return [results[request_id] for request_id in ids]
+
+    def chat(
+        self,
+        messages: list[dict[str, str]] | list[list[dict[str, str]]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Apply the model's chat template to each conversation, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.chat_prompt(conversation) for conversation in conversations]
+        return self.generate(prompts, params, use_tqdm=use_tqdm)
+
+    def chat_prompt(self, conversation: list[dict[str, str]]) -> list[int]:
+        """Token ids of one conversation, templated with a generation prompt for the assistant."""
+        text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+        return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def _progress(total: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="Generating", unit="req")

@@ -1,0 +1,197 @@
+"""LLMEngine: loads the model, sizes the KV pool, runs step() = schedule -> run model -> sample."""
+
+from __future__ import annotations
+
+import time
+
+from backend.engine.block_manager import BlockManager
+from backend.engine.config import EngineConfig
+from backend.engine.detokenizer import IncrementalDetokenizer
+from backend.engine.device import kv_cache_budget_bytes, resolve_device, resolve_dtype
+from backend.engine.loader import load_model, rope_tables
+from backend.engine.model_runner import ModelRunner
+from backend.engine.output_processor import append_token, token_logprobs
+from backend.engine.outputs import RequestMetrics, RequestOutput
+from backend.engine.request import Request
+from backend.engine.sampler import Sampler
+from backend.engine.sampling_params import SamplingParams
+from backend.engine.scheduler import Scheduler
+from backend.engine.sequence import Sequence
+from backend.engine.stats import EngineCounters, engine_stats
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        loaded = load_model(config.model, self.dtype, self.device, config.trust_remote_code)
+        self.model_name, self.tokenizer, self.eos_token_ids = (
+            loaded.name,
+            loaded.tokenizer,
+            loaded.eos_token_ids,
+        )
+        self.hf_config = loaded.hf_config
+        model = loaded.model
+        self.weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        num_blocks, self.max_model_len = self._size_kv_pool(model)
+        cos, sin = rope_tables(self.hf_config, model.args.head_dim, self.max_model_len)
+        model.rope_cos, model.rope_sin = cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
+        self.runner = ModelRunner(model, num_blocks, config.block_size)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.sampler = Sampler(config.seed)
+        self.requests: dict[str, Request] = {}
+        self.counters = EngineCounters()
+
+    def _size_kv_pool(self, model) -> tuple[int, int]:
+        """(number of KV blocks, max_model_len): the pool always holds at least one max-length sequence."""
+        cfg, bs = self.config, self.config.block_size
+        model_limit = getattr(self.hf_config, "max_position_embeddings", None) or 2048
+        window = getattr(self.hf_config, "sliding_window", None)
+        if window and getattr(self.hf_config, "use_sliding_window", True):
+            model_limit = min(model_limit, window)  # within the window, attention is plain causal
+        if cfg.max_model_len is not None and cfg.max_model_len > model_limit:
+            raise ValueError(
+                f"max_model_len={cfg.max_model_len} exceeds the model's limit of {model_limit} tokens"
+            )
+        max_len = cfg.max_model_len or model_limit
+        per_block = ModelRunner.bytes_per_block(model, bs)
+        if cfg.num_kv_blocks is not None:
+            num_blocks = cfg.num_kv_blocks
+        elif cfg.kv_cache_memory_bytes is not None:
+            num_blocks = cfg.kv_cache_memory_bytes // per_block
+        else:
+            enough = cfg.max_num_seqs * -(-max_len // bs)
+            num_blocks = min(enough, kv_cache_budget_bytes(self.device) // per_block)
+        if num_blocks < 1:
+            raise ValueError(f"the KV pool must hold at least one block of {per_block} bytes")
+        if num_blocks * bs < max_len:
+            if cfg.max_model_len is not None:
+                raise ValueError(
+                    f"max_model_len={max_len} needs {-(-max_len // bs)} KV blocks of {bs} tokens, "
+                    f"but the KV pool has only {num_blocks}; lower max_model_len or give the pool more memory"
+                )
+            max_len = num_blocks * bs
+        return num_blocks, max_len
+
+    # ---- requests ----
+    def process_inputs(self, prompt: str | list[int], params: SamplingParams) -> tuple[str | None, list[int]]:
+        """Validate and tokenize a prompt; raises ValueError without touching the engine's state."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("The prompt is empty; it must contain at least one token")
+            text, ids = prompt, list(self.tokenizer(prompt).input_ids)
+        else:
+            text, ids = None, list(prompt)
+            vocab = self.runner.model.args.vocab_size
+            if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
+                raise ValueError(f"Prompt token ids must be integers in [0, {vocab - 1}]")
+        if not ids:
+            raise ValueError("The prompt is empty; it must contain at least one token")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"The prompt is {len(ids)} tokens long, but max_model_len is {self.max_model_len}: "
+                f"a prompt may have at most {self.max_model_len - 1} tokens so that one can be generated"
+            )
+        return text, ids
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
+        text, ids = self.process_inputs(prompt, params)
+        self.add_processed_request(request_id, text, ids, params, arrival_time)
+
+    def add_processed_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        metrics = RequestMetrics(arrival_time or time.time())
+        seqs = [
+            Sequence(
+                request_id,
+                i,
+                prompt_token_ids,
+                params,
+                IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
+                metrics,
+            )
+            for i in range(params.n)
+        ]
+        self.requests[request_id] = Request(request_id, prompt, prompt_token_ids, params, seqs, metrics)
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its blocks at once; returns its final output (None if unknown)."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        for seq in request.seqs:
+            if not seq.is_finished:
+                seq.finish_reason = "abort"
+                self.scheduler.finish(seq)
+        request.metrics.finished_time = time.time()
+        self.counters.num_requests_finished += 1
+        return request.output()
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ---- the step ----
+    def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            return []
+        now = time.time()
+        for item in scheduled:
+            if item.seq.metrics.first_scheduled_time is None:
+                item.seq.metrics.first_scheduled_time = now
+        sampling, logits = self.runner.execute(scheduled)
+        for item in scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.cache_full_blocks(item.seq)
+        seqs = [item.seq for item in sampling]
+        tokens, logprobs = self.sampler.sample(logits, seqs)
+        now = time.time()
+        touched: dict[str, Request] = {}
+        for row, (seq, token_id) in enumerate(zip(seqs, tokens, strict=True)):
+            if seq.num_output_tokens == 0 and seq.index == 0:
+                self.counters.prompt_tokens += seq.num_prompt_tokens
+            if seq.logprobs is not None:
+                seq.logprobs.append(
+                    token_logprobs(logprobs[row], token_id, seq.params.logprobs, self.tokenizer)
+                )
+            append_token(seq, token_id, self.eos_token_ids, self.max_model_len)
+            if seq.finish_reason is not None:
+                self.scheduler.finish(seq)
+            metrics = seq.metrics
+            metrics.first_token_time = metrics.first_token_time or now
+            metrics.last_token_time = now
+            touched[seq.request_id] = self.requests[seq.request_id]
+        self.counters.generation_tokens += len(tokens)
+        outputs = []
+        for request in touched.values():
+            if request.finished:
+                request.metrics.finished_time = now
+                del self.requests[request.request_id]
+                self.counters.num_requests_finished += 1
+            outputs.append(request.output())
+        self.counters.record_step(time.perf_counter() - start)
+        return outputs
+
+    def stats(self) -> dict:
+        return engine_stats(self)

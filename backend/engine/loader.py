@@ -1,0 +1,169 @@
+"""Loading a model: a local HF folder (sharded safetensors), a GGUF file, or a Hub id.
+
+GGUF files are dequantized by transformers (the reference implementation), then we take its state dict.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from backend.engine.models.llama import LlamaForCausalLM, ModelArgs
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
+_MODEL_TYPES |= {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    model: LlamaForCausalLM
+    hf_config: Any
+    tokenizer: Any
+    name: str
+    eos_token_ids: list[int]
+
+
+def resolve_model(model: str) -> tuple[str, str | None]:
+    """(folder, gguf_file or None) for a local path or a Hub id (downloaded); clear errors otherwise."""
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"Model path not found: {model} (no such GGUF file)")
+        return str(path.parent), path.name
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"Model folder {model} has no config.json (not a Hugging Face model folder)"
+            )
+        return str(path), None
+    if path.exists() or not _HUB_ID.match(model):
+        raise FileNotFoundError(
+            f"Model path not found: {model} (expected a local model folder, a .gguf file or a Hub id)"
+        )
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.txt"])
+    except Exception as exc:
+        raise OSError(
+            f"Could not download {model} from the Hugging Face Hub ({type(exc).__name__}: {exc}). "
+            "The Hub may be unreachable or offline; pass a local model folder or a .gguf file instead."
+        ) from exc
+    return folder, None
+
+
+def architecture_of(hf_config: Any) -> str:
+    archs = getattr(hf_config, "architectures", None) or []
+    arch = archs[0] if archs else _MODEL_TYPES.get(getattr(hf_config, "model_type", ""), "")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        found = arch or getattr(hf_config, "model_type", "unknown")
+        raise ValueError(
+            f"Unsupported architecture {found!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    return arch
+
+
+def read_state_dict(folder: str, gguf_file: str | None, trust_remote_code: bool) -> dict[str, torch.Tensor]:
+    if gguf_file:
+        from transformers import AutoModelForCausalLM
+
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=gguf_file, dtype=torch.float32, trust_remote_code=trust_remote_code
+        )
+        return hf_model.state_dict()
+    from safetensors.torch import load_file
+
+    root = Path(folder)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in root.glob("*.safetensors"))
+    if files:
+        state: dict[str, torch.Tensor] = {}
+        for name in files:
+            state.update(load_file(root / name))
+        return state
+    bins = sorted(root.glob("pytorch_model*.bin"))
+    if not bins:
+        raise FileNotFoundError(f"No *.safetensors or pytorch_model*.bin weights in {folder}")
+    state = {}
+    for file in bins:
+        state.update(torch.load(file, map_location="cpu", weights_only=True))
+    return state
+
+
+def model_args(hf_config: Any, state: dict[str, torch.Tensor]) -> ModelArgs:
+    if getattr(hf_config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"Unsupported hidden_act {hf_config.hidden_act!r}; supported: silu")
+    heads = hf_config.num_attention_heads
+    prefix = "model.layers.0."
+    return ModelArgs(
+        vocab_size=hf_config.vocab_size,
+        hidden_size=hf_config.hidden_size,
+        intermediate_size=hf_config.intermediate_size,
+        num_layers=hf_config.num_hidden_layers,
+        num_heads=heads,
+        num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
+        rms_norm_eps=hf_config.rms_norm_eps,
+        qkv_bias=prefix + "self_attn.q_proj.bias" in state,
+        o_bias=prefix + "self_attn.o_proj.bias" in state,
+        mlp_bias=prefix + "mlp.down_proj.bias" in state,
+        qk_norm=prefix + "self_attn.q_norm.weight" in state,
+        tie_word_embeddings="lm_head.weight" not in state
+        or bool(getattr(hf_config, "tie_word_embeddings", False)),
+    )
+
+
+def rope_tables(hf_config: Any, head_dim: int, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [max_positions, head_dim] in fp32, computed exactly as transformers does."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type in ("dynamic", "longrope"):
+        raise ValueError(f"Unsupported rope type {rope_type!r}; supported: default, linear, llama3, yarn")
+    if rope_type == "default":
+        theta = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        scaling = 1.0
+    else:
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
+    freqs = torch.arange(max_positions, dtype=torch.float)[:, None] * inv_freq.float()[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos() * scaling, emb.sin() * scaling
+
+
+def load_model(
+    model: str, dtype: torch.dtype, device: torch.device, trust_remote_code: bool = False
+) -> LoadedModel:
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    folder, gguf_file = resolve_model(model)
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    hf_config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code, **kwargs)
+    architecture_of(hf_config)  # fail fast, before reading weights
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code, **kwargs)
+    state = read_state_dict(folder, gguf_file, trust_remote_code)
+    args = model_args(hf_config, state)
+    with torch.device("meta"):
+        net = LlamaForCausalLM(args)
+    net = net.to_empty(device=device).to(dtype)
+    net.load_hf_state_dict(state)
+    del state
+    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    try:
+        gen_eos = GenerationConfig.from_pretrained(folder, **kwargs).eos_token_id
+    except OSError:
+        gen_eos = getattr(hf_config, "eos_token_id", None)
+    eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
+    name = Path(gguf_file).name.split(".")[0] if gguf_file else Path(model.rstrip("/")).name
+    return LoadedModel(net.eval(), hf_config, tokenizer, name, sorted(eos))

@@ -1,0 +1,100 @@
+"""Scheduler: picks, each step, which sequences run and how many tokens each computes.
+
+One token budget (max_num_batched_tokens) per step is shared by running sequences first (a decode costs
+one token, an unfinished prefill as many as fit), then waiting ones in arrival order, so long prompts are
+chunked and never stall running decodes. When the KV pool runs out, the most recently admitted running
+sequence is preempted: its blocks are freed and it goes back to the front of the queue, to be recomputed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from backend.engine.block_manager import BlockManager
+from backend.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this step computes the sequence's last known token, so its logits give the next one."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == len(self.seq.token_ids)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[ScheduledSeq]:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledSeq] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if not self._reserve(seq, num_new):
+                preempted = True
+                if seq.status == SequenceStatus.WAITING:  # it was itself preempted
+                    break
+                continue  # a later sequence made room; retry this one
+            scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+            i += 1
+
+        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            hits = self.block_manager.match_prefix(seq)
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            needed = self.block_manager.blocks_needed(seq, num_new)
+            if not self.block_manager.can_allocate(needed):
+                self.block_manager.free(seq)  # give back the prefix blocks; try again next step
+                break
+            self.block_manager.record_prefix_lookup(len(seq.token_ids), hits)
+            self.block_manager.allocate(seq, needed)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+        return scheduled
+
+    def _reserve(self, seq: Sequence, num_new: int) -> bool:
+        """Allocate the blocks seq needs; preempt the lowest-priority running sequence if short."""
+        needed = self.block_manager.blocks_needed(seq, num_new)
+        if self.block_manager.can_allocate(needed):
+            self.block_manager.allocate(seq, needed)
+            return True
+        self._preempt(self.running.pop())
+        return False
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence wherever it is and free its blocks at once."""
+        if seq.status == SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status == SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED

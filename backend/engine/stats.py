@@ -1,0 +1,77 @@
+"""stats(): one JSON-serialisable snapshot of the engine, for the UI's charts and the server's /metrics."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from backend.engine.llm_engine import LLMEngine
+
+
+@dataclass(slots=True)
+class EngineCounters:
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    num_requests_finished: int = 0
+    num_steps: int = 0
+    step_time_last_s: float = 0.0
+    step_time_total_s: float = 0.0
+
+    def record_step(self, seconds: float) -> None:
+        self.num_steps += 1
+        self.step_time_last_s = seconds
+        self.step_time_total_s += seconds
+
+
+def _snapshot(items) -> list:
+    """A copy of a list/deque that another thread may be changing."""
+    while True:
+        try:
+            return list(items)
+        except RuntimeError:
+            continue
+
+
+def engine_stats(engine: LLMEngine) -> dict:
+    import psutil
+
+    bm, sched, counters, cfg = engine.block_manager, engine.scheduler, engine.counters, engine.config
+    running, waiting = _snapshot(sched.running), _snapshot(sched.waiting)
+    owners: dict[str, list[int]] = {}
+    for seq in running + waiting:
+        if seq.block_table:
+            owners.setdefault(seq.request_id, []).extend(_snapshot(seq.block_table))
+    used = bm.num_used_blocks
+    return {
+        "model": engine.model_name,
+        "device": str(engine.device),
+        "dtype": str(engine.dtype).removeprefix("torch."),
+        "block_size": bm.block_size,
+        "num_kv_blocks_total": bm.num_blocks,
+        "num_kv_blocks_used": used,
+        "kv_cache_usage": used / bm.num_blocks,
+        "num_requests_running": len({seq.request_id for seq in running}),
+        "num_requests_waiting": len(
+            {seq.request_id for seq in waiting} - {seq.request_id for seq in running}
+        ),
+        "num_preemptions_total": sched.num_preemptions,
+        "prefix_cache_queries_total": bm.prefix_cache_queries,
+        "prefix_cache_hits_total": bm.prefix_cache_hits,
+        "prompt_tokens_total": counters.prompt_tokens,
+        "generation_tokens_total": counters.generation_tokens,
+        "num_requests_finished_total": counters.num_requests_finished,
+        "num_steps_total": counters.num_steps,
+        "step_time_last_s": counters.step_time_last_s,
+        "step_time_mean_s": counters.step_time_total_s / max(1, counters.num_steps),
+        "weights_bytes": engine.weights_bytes,
+        "kv_pool_bytes": engine.runner.kv_pool_bytes,
+        "rss_bytes": psutil.Process(os.getpid()).memory_info().rss,
+        "max_model_len": engine.max_model_len,
+        "max_num_seqs": cfg.max_num_seqs,
+        "max_num_batched_tokens": cfg.max_num_batched_tokens,
+        "timestamp": time.time(),
+        "block_owners": owners,
+    }

@@ -1,0 +1,64 @@
+"""build_app(): the FastAPI application that serves an engine over OpenAI's HTTP API.
+
+Routes: GET /health, GET /metrics (Prometheus text), GET /v1/models, POST /v1/completions,
+POST /v1/chat/completions. The engine comes from ``engine_provider()`` on every request, so a UI can
+launch, stop and relaunch it under a running server; while it returns None the API answers 503.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from backend.server.errors import install_error_handlers
+from backend.server.metrics import ServerMetrics
+from backend.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
+from backend.server.serving import ServingContext, openai_router
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+def build_app(
+    engine_provider: Callable[[], object | None],
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+    max_waiting_requests: int = 256,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    public_prefixes: tuple[str, ...] = (),
+) -> FastAPI:
+    """The OpenAI-compatible app over ``engine_provider()`` (an AsyncLLM, or None while none runs).
+
+    With ``api_key`` set, every path but /health (and paths under ``public_prefixes``, e.g. a mounted
+    UI) needs ``Authorization: Bearer <api_key>``. Bodies over ``max_body_bytes`` get 413; requests
+    arriving while ``max_waiting_requests`` wait in the engine get 503 with Retry-After.
+    """
+    if max_waiting_requests < 0:
+        raise ValueError(f"max_waiting_requests must be >= 0, got {max_waiting_requests}")
+    if max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
+    ctx = ServingContext(engine_provider, served_model_name, max_waiting_requests, None)
+    ctx.metrics = ServerMetrics(engine_provider, ctx.model_name)
+
+    app = FastAPI(title="LLM serving playground: OpenAI-compatible API", docs_url=None, redoc_url=None)
+    app.state.serving = ctx
+    install_error_handlers(app)
+    app.include_router(openai_router(ctx))
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine_provider() is None:
+            return JSONResponse({"status": "no engine running"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    # Starlette runs the last-added middleware first: the key is checked before the body is read.
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=max_body_bytes)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key, public_prefixes=public_prefixes)
+    return app

@@ -1,0 +1,153 @@
+"""OpenAI request bodies (the parameters we honour) and their translation to SamplingParams.
+
+Unknown fields are ignored, as OpenAI-compatible servers do; fields we cannot honour (n > 1, echo,
+best_of, suffix) are refused with a message that says so.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from backend.server.errors import OpenAIError
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """Parameters shared by /v1/completions and /v1/chat/completions (plus vLLM's extras)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    user: str | None = None
+    # vLLM's extra sampling parameters
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0)
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+
+def refuse_unsupported(req: SamplingFields) -> None:
+    if req.n != 1:
+        raise OpenAIError(400, f"n={req.n} is not supported: this server returns one choice (n=1)", param="n")
+    if isinstance(req, CompletionRequest):
+        if req.echo:
+            raise OpenAIError(400, "echo=true is not supported", param="echo")
+        if req.best_of not in (None, 1):
+            raise OpenAIError(400, f"best_of={req.best_of} is not supported (only 1)", param="best_of")
+        if req.suffix:
+            raise OpenAIError(400, "suffix is not supported", param="suffix")
+
+
+def message_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Messages as the chat template expects them: role and plain-text content."""
+    out = []
+    for m in messages:
+        content = m.content if isinstance(m.content, str) else "".join(p.text for p in m.content or [])
+        out.append({"role": m.role, "content": content})
+    return out
+
+
+def single_prompt(prompt: str | list[int] | list[str] | list[list[int]]) -> str | list[int]:
+    """The one prompt of a completion request (a list of one prompt is accepted)."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        if len(prompt) != 1:
+            raise OpenAIError(
+                400,
+                f"a batch of {len(prompt)} prompts is not supported; send one prompt per request",
+                "prompt",
+            )
+        return prompt[0]
+    if not prompt:
+        raise OpenAIError(400, "prompt must not be empty", param="prompt")
+    return prompt
+
+
+def sampling_params(req: SamplingFields, prompt_len: int, max_model_len: int, logprobs: int | None):
+    """SamplingParams for the request, after checking the prompt and max_tokens against the context."""
+    from backend.engine import SamplingParams
+
+    max_tokens = req.max_tokens
+    if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
+        max_tokens = req.max_completion_tokens
+    if prompt_len >= max_model_len:
+        raise OpenAIError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+            f"{prompt_len} input tokens. Please reduce the length of the input.",
+            code="context_length_exceeded",
+        )
+    if max_tokens is None:
+        max_tokens = max_model_len - prompt_len
+    elif prompt_len + max_tokens > max_model_len:
+        raise OpenAIError(
+            400,
+            f"max_tokens is too large: {max_tokens}. This model's maximum context length is {max_model_len} "
+            f"tokens and your request has {prompt_len} input tokens ({max_tokens} > {max_model_len} - "
+            f"{prompt_len}).",
+            code="context_length_exceeded",
+            param="max_tokens",
+        )
+    try:
+        return SamplingParams(
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=-1 if req.top_k is None else req.top_k,
+            min_p=req.min_p,
+            seed=req.seed,
+            max_tokens=max_tokens,
+            stop=req.stop,
+            stop_token_ids=req.stop_token_ids,
+            ignore_eos=req.ignore_eos,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty,
+            logprobs=logprobs,
+            skip_special_tokens=req.skip_special_tokens,
+        )
+    except ValueError as exc:
+        raise OpenAIError(400, str(exc)) from None

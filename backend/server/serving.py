@@ -1,0 +1,214 @@
+"""The OpenAI routes: /v1/models, /v1/completions, /v1/chat/completions.
+
+Each request is tokenized here (chat template included, so usage counts are exact), checked against
+the context length and the waiting-queue limit, then run on the engine as a ``Job``. A job whose
+client goes away is aborted at once, which frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from backend.server.errors import OpenAIError, error_body
+from backend.server.metrics import ServerMetrics
+from backend.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    message_dicts,
+    refuse_unsupported,
+    sampling_params,
+    single_prompt,
+)
+from backend.server.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
+
+
+@dataclass(slots=True)
+class ServingContext:
+    engine_provider: Callable[[], object | None]
+    served_model_name: str | None
+    max_waiting_requests: int
+    metrics: ServerMetrics
+
+    def model_name(self, engine) -> str:
+        return self.served_model_name or engine.model_name
+
+    def engine(self, requested_model: str | None = None):
+        engine = self.engine_provider()
+        if engine is None:
+            raise OpenAIError(
+                503,
+                "No engine is running: launch a model first.",
+                "engine_not_running",
+                headers={"Retry-After": "5"},
+            )
+        name = self.model_name(engine)
+        if requested_model not in (None, name):
+            raise OpenAIError(
+                404,
+                f"The model `{requested_model}` does not exist. This server serves `{name}`.",
+                "model_not_found",
+                "model",
+            )
+        return engine
+
+    def check_queue(self, engine) -> None:
+        waiting = engine.stats()["num_requests_waiting"]
+        if waiting >= self.max_waiting_requests:
+            raise OpenAIError(
+                503,
+                f"The server is overloaded: {waiting} requests are waiting (the limit is "
+                f"{self.max_waiting_requests}). Retry later.",
+                "queue_full",
+                headers={"Retry-After": "1"},
+            )
+
+
+class Job:
+    """One request on the engine, with its metrics; aborted if not finished when dropped."""
+
+    def __init__(self, ctx: ServingContext, engine, prompt_ids: list[int], params, formatter, stream_usage):
+        self.engine = engine
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.formatter: ResponseFormatter = formatter
+        self.include_usage = stream_usage
+        self.request_id = formatter.id
+        self.recorder = ctx.metrics.recorder(formatter.model)
+
+    async def outputs(self) -> AsyncIterator:
+        last, refused = None, False
+        gen = self.engine.generate(self.prompt_ids, self.params, request_id=self.request_id)
+        try:
+            async for out in gen:
+                self.recorder.on_output(out)
+                last = out
+                yield out
+        except ValueError:
+            refused = True  # the engine refused it before it started: nothing to record or abort
+            raise
+        finally:
+            if not refused:
+                done = last is not None and last.finished
+                if not done:
+                    await gen.aclose()  # closing the engine's stream aborts the request, freeing its blocks
+                self.recorder.on_finish(last, last.outputs[0].finish_reason if done else "abort")
+
+    async def collect(self) -> dict:
+        last = None
+        async for out in self.outputs():
+            last = out
+        return self.formatter.response(last)
+
+    async def sse(self) -> AsyncIterator[str]:
+        first = self.formatter.first_chunk(self.include_usage)
+        if first is not None:
+            yield _sse(first)
+        last = None
+        try:
+            async for out in self.outputs():
+                last = out
+                chunk = self.formatter.chunk(out, self.include_usage)
+                if chunk is not None:
+                    yield _sse(chunk)
+            if self.include_usage:
+                yield _sse(self.formatter.usage_chunk(last))
+        except ValueError as exc:  # refused by the engine before it started
+            yield _sse(error_body(400, str(exc)))
+        except Exception as exc:  # the engine failed mid-request: tell the client in-band
+            yield _sse(error_body(500, f"{type(exc).__name__}: {exc}"))
+        yield "data: [DONE]\n\n"
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def _until_disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def run_job(request: Request, job: Job, stream: bool) -> Response:
+    if stream:
+        return StreamingResponse(
+            job.sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+    work = asyncio.ensure_future(job.collect())
+    watcher = asyncio.ensure_future(_until_disconnected(request))
+    await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if not work.done():  # the client left: cancelling the work aborts the request
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        return Response(status_code=499)
+    watcher.cancel()
+    try:
+        return JSONResponse(work.result())
+    except ValueError as exc:
+        raise OpenAIError(400, str(exc)) from None
+
+
+def chat_prompt_ids(tokenizer, req: ChatCompletionRequest) -> list[int]:
+    if not getattr(tokenizer, "chat_template", None):
+        raise OpenAIError(
+            400, "This model has no chat template; use /v1/completions instead.", "no_chat_template"
+        )
+    try:
+        text = tokenizer.apply_chat_template(
+            message_dicts(req.messages), tokenize=False, add_generation_prompt=True
+        )
+    except Exception as exc:  # the template's own checks, e.g. roles that must alternate
+        raise OpenAIError(
+            400, f"The chat template rejected the messages: {exc}", "invalid_messages"
+        ) from None
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def openai_router(ctx: ServingContext) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/v1/models")
+    async def list_models() -> dict:
+        engine = ctx.engine()
+        model = {
+            "id": ctx.model_name(engine),
+            "object": "model",
+            "created": 0,
+            "owned_by": "playground",
+            "root": engine.model_name,
+            "max_model_len": engine.max_model_len,
+        }
+        return {"object": "list", "data": [model]}
+
+    @router.post("/v1/completions")
+    async def create_completion(req: CompletionRequest, request: Request) -> Response:
+        engine = ctx.engine(req.model)
+        refuse_unsupported(req)
+        prompt = single_prompt(req.prompt)
+        ids = list(prompt) if isinstance(prompt, list) else engine.tokenizer(prompt)["input_ids"]
+        params = sampling_params(req, len(ids), engine.max_model_len, req.logprobs)
+        ctx.check_queue(engine)
+        formatter = CompletionFormatter(ctx.model_name(engine), engine.tokenizer, req.logprobs)
+        return await run_job(request, Job(ctx, engine, ids, params, formatter, _usage(req)), req.stream)
+
+    @router.post("/v1/chat/completions")
+    async def create_chat_completion(req: ChatCompletionRequest, request: Request) -> Response:
+        engine = ctx.engine(req.model)
+        refuse_unsupported(req)
+        ids = chat_prompt_ids(engine.tokenizer, req)
+        top = (req.top_logprobs or 0) if req.logprobs else None
+        params = sampling_params(req, len(ids), engine.max_model_len, top)
+        ctx.check_queue(engine)
+        formatter = ChatFormatter(ctx.model_name(engine), engine.tokenizer, top)
+        return await run_job(request, Job(ctx, engine, ids, params, formatter, _usage(req)), req.stream)
+
+    return router
+
+
+def _usage(req: CompletionRequest | ChatCompletionRequest) -> bool:
+    return bool(req.stream and req.stream_options and req.stream_options.include_usage)

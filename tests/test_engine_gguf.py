@@ -1,0 +1,88 @@
+"""The default model (SmolLM2-135M-Instruct, GGUF Q4_1) through the engine against transformers on the
+same dequantized weights: identical greedy tokens in fp32; in bf16 the first differing token of each
+prompt is within the other side's top-5."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.default_model import default_model
+from backend.engine import LLM, SamplingParams
+from backend.hf_reference import load_hf_model
+from tests.test_engine_support import assert_engine_clean
+
+pytestmark = pytest.mark.slow
+MAX_TOKENS = 32
+QUESTIONS = [
+    "Hi!",
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a KV cache is in one paragraph.",
+    "List three prime numbers.",
+    "Translate 'good morning' into German and Spanish.",
+    "Why is the sky blue? Answer in detail, with the physics involved, for a curious ten-year-old.",
+    "Summarise the plot of Hamlet. " * 6,
+]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """(prompts, transformers fp32 greedy tokens, their per-step log-probabilities)."""
+    model, tokenizer = load_hf_model(default_model(check_hub=False), torch.float32)
+    prompts, tokens, logprobs = [], [], []
+    for question in QUESTIONS:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+        )
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        with torch.inference_mode():
+            out = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=MAX_TOKENS,
+                do_sample=False,
+                eos_token_id=None,
+                min_new_tokens=None,
+                output_logits=True,
+                return_dict_in_generate=True,
+                pad_token_id=0,
+            )
+        prompts.append(ids)
+        tokens.append(out.sequences[0, len(ids) :].tolist())
+        logprobs.append([step[0].float().log_softmax(-1) for step in out.logits])
+    return prompts, tokens, logprobs
+
+
+def engine_outputs(dtype: str, prompts: list[list[int]], logprobs: int | None = None):
+    llm = LLM(default_model(check_hub=False), dtype=dtype, max_model_len=1024, max_num_seqs=8)
+    assert llm.model_name == "SmolLM2-135M-Instruct"
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=logprobs)
+    outs = llm.generate(prompts, params)
+    assert_engine_clean(llm)
+    return [out.outputs[0] for out in outs]
+
+
+def test_fp32_is_token_identical_to_transformers(reference):
+    prompts, tokens, _ = reference
+    assert len({len(p) for p in prompts}) >= 6  # varied lengths
+    outs = engine_outputs("float32", prompts)
+    assert [out.token_ids for out in outs] == tokens
+    assert "Paris" in outs[1].text
+
+
+def test_bf16_differs_only_among_top5_candidates(reference):
+    prompts, tokens, ref_logprobs = reference
+    outs = engine_outputs("bfloat16", prompts, logprobs=5)
+    identical = 0
+    for out, ref, ref_lp in zip(outs, tokens, ref_logprobs, strict=True):
+        mismatch = next((i for i, (a, b) in enumerate(zip(out.token_ids, ref, strict=True)) if a != b), None)
+        if mismatch is None:
+            identical += 1
+            continue
+        # after the first difference the two continuations have different contexts: compare there only
+        ours, theirs = out.token_ids[mismatch], ref[mismatch]
+        assert theirs in out.logprobs[mismatch], (
+            f"transformers' token not in the engine's top-5 at {mismatch}"
+        )
+        assert ours in torch.topk(ref_lp[mismatch], 5).indices.tolist()
+    assert identical >= len(prompts) // 2

@@ -1,0 +1,138 @@
+"""Helpers shared by the engine tests (no tests here): tiny random models saved locally, the
+transformers reference, and the check that an engine holds no KV blocks after a test."""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+
+ARCHITECTURES = ("llama", "llama_mqa_tied", "llama3_rope", "mistral", "qwen2", "qwen3")
+# varied lengths around block boundaries (block_size 16 in most tests)
+PROMPT_LENGTHS = (1, 5, 16, 17, 33, 70)
+_ROOT = Path(tempfile.mkdtemp(prefix="engine-tests-"))
+atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
+
+
+@cache
+def tokenizer_dir() -> str:
+    """The default model's real tokenizer (with its chat template), saved as a plain HF tokenizer folder."""
+    from transformers import AutoTokenizer
+
+    from backend.default_model import default_model, split_gguf_path
+
+    folder, gguf_file = split_gguf_path(default_model(check_hub=False))
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    path = _ROOT / "tokenizer"
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def _config(arch: str, vocab_size: int):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+        initializer_range=0.25,  # sharp attention, so that positions and masks matter to the output
+    )
+    if arch == "llama":
+        return LlamaConfig(**common)
+    if arch == "llama_flat":  # transformers' default init: nearly flat logits, so penalties dominate
+        return LlamaConfig(**common | dict(initializer_range=0.02))
+    if arch == "llama_mqa_tied":
+        return LlamaConfig(
+            **common | dict(num_key_value_heads=1, tie_word_embeddings=True, attention_bias=True)
+        )
+    if arch == "llama3_rope":
+        rope = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0)
+        rope |= dict(high_freq_factor=4.0, original_max_position_embeddings=32)
+        return LlamaConfig(
+            **common | dict(num_attention_heads=4, num_key_value_heads=4, rope_parameters=rope)
+        )
+    if arch == "mistral":
+        return MistralConfig(**common | dict(sliding_window=None))
+    if arch == "qwen2":
+        return Qwen2Config(**common)
+    if arch == "qwen3":
+        return Qwen3Config(**common | dict(head_dim=32))
+    raise ValueError(arch)
+
+
+@cache
+def tiny_model(arch: str) -> tuple[str, torch.nn.Module]:
+    """(folder, transformers model in fp32 eval mode) of a tiny random model, saved as sharded safetensors."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
+    torch.manual_seed(sum(map(ord, arch)))
+    model = AutoModelForCausalLM.from_config(_config(arch, len(tokenizer)), dtype=torch.float32).eval()
+    path = _ROOT / arch
+    model.save_pretrained(path, max_shard_size="2MB")  # several shards: exercises the index file
+    tokenizer.save_pretrained(path)
+    return str(path), model
+
+
+def prompts(lengths: tuple[int, ...] = PROMPT_LENGTHS, seed: int = 0, vocab: int = 49152) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+_reference_cache: dict[tuple, list[int]] = {}
+
+
+def hf_greedy(arch_or_model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' greedy continuation (stops after eos, like the engine without ignore_eos)."""
+    model = tiny_model(arch_or_model)[1] if isinstance(arch_or_model, str) else arch_or_model
+    key = (id(model), tuple(prompt), max_new_tokens)
+    if key not in _reference_cache:
+        with torch.inference_mode():
+            out = model.generate(
+                torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )[0, len(prompt) :].tolist()
+        eos = model.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, list) else [eos])
+        for i, token in enumerate(out):
+            if token in eos:
+                out = out[: i + 1]
+                break
+        _reference_cache[key] = out
+    return _reference_cache[key]
+
+
+def assert_engine_clean(llm) -> None:
+    """No request left, every KV block free, every reference count zero."""
+    engine = llm.llm_engine
+    bm = engine.block_manager
+    assert not engine.requests, f"requests left: {list(engine.requests)}"
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+    assert bm.num_free_blocks == bm.num_blocks, f"{bm.num_used_blocks} KV blocks still in use"
+    assert all(count == 0 for count in bm.ref_counts)
+    assert llm.stats()["num_kv_blocks_used"] == 0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny models gain nothing from threads, and on a shared 2-core box idle OpenMP threads spinning
+    against other processes make these tests several times slower."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

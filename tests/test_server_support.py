@@ -1,0 +1,89 @@
+"""Helpers shared by the server, benchmark and monitor tests (no tests here): a real uvicorn server on
+a free 127.0.0.1 port in a background thread, over a real engine, stopped by the test."""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+import threading
+import time
+from functools import cache
+from pathlib import Path
+
+import httpx
+
+
+class RunningServer:
+    """uvicorn serving ``app`` on 127.0.0.1 (port picked by the OS) until stop()."""
+
+    def __init__(self, app) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def start_engine(model: str, **engine_options):
+    from backend.engine import LLM, AsyncLLM
+
+    return AsyncLLM(LLM(model, **engine_options))
+
+
+def wait_until(condition, timeout_s: float = 30.0, what: str = "condition") -> None:
+    """Poll ``condition()`` until true; a state wait, not a speed check."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def scrape(url: str, api_key: str | None = None) -> str:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    resp = httpx.get(f"{url}/metrics", headers=headers, timeout=10)
+    resp.raise_for_status()
+    return resp.text
+
+
+@cache
+def long_context_tiny_model() -> str:
+    """A tiny random Llama with the default model's tokenizer and an 8192-token context, so that a
+    request can stay running for a while (queue and disconnect tests)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    from tests.test_engine_support import tokenizer_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    path = Path(tempfile.mkdtemp(prefix="server-tests-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

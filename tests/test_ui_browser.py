@@ -1,0 +1,214 @@
+"""The web app in a real browser (Debian's chromium driven by Playwright), against `python app.py`.
+
+One app process serves the whole module; the tests run in file order and share one page, like a user
+going through the tabs: Plan -> Launch -> Chat (+ load) -> Benchmark -> Monitor -> Export. Each saves a
+screenshot of its tab to assets/screenshots/ (the README shows them).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[1]
+SHOTS = ROOT / "assets" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+LOAD_S = 240_000  # ms: the default model loads in ~20-60 s on 2 busy cores
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = free_port()
+    log = (tmp_path_factory.mktemp("app") / "app.log").open("w")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "app.py", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, f"app.py exited with {proc.returncode}; see {log.name}"
+            try:
+                if httpx.get(url + "/", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "app.py did not serve / within 90 s"
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `apt-get install chromium` (.ci/run does it)")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1440, "height": 1000}, accept_downloads=True)
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(server + "/")
+        page.wait_for_selector("#plan-badge")  # Gradio renders a few seconds after load
+        yield page
+        browser.close()
+
+
+def open_tab(page, name: str) -> None:
+    page.get_by_role("tab", name=name).click()
+
+
+def choose(page, elem_id: str, value: str) -> None:
+    """Pick a value in a Gradio dropdown the way a user does: type to filter, click the option."""
+    box = page.locator(f"#{elem_id} input")
+    box.click()
+    box.fill(value)
+    page.locator("ul[role=listbox] li", has_text=value).first.click()
+
+
+def shot(page, name: str) -> None:
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def test_page_and_api_share_one_server(server):
+    assert "gradio" in httpx.get(server + "/").text.lower()
+    response = httpx.get(server + "/v1/models")
+    assert response.status_code == 503  # no engine launched yet: the API says so instead of hanging
+    assert "error" in response.json()
+
+
+def test_plan_llama_8b_on_h100(page):
+    from backend.planner import PlanRequest, estimate
+
+    choose(page, "plan-model", "Qwen/Qwen2.5-72B-Instruct")
+    page.wait_for_selector("#plan-badge:has-text('Does not fit')")  # 72B in bf16 on one H100
+    choose(page, "plan-model", "meta-llama/Llama-3.1-8B-Instruct")
+    choose(page, "plan-gpu", "H100-80GB")
+    expected = estimate(PlanRequest(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100-80GB")).to_dict()
+    page.wait_for_selector("#plan-badge:has-text('Fits')")
+    page.wait_for_selector(f"#plan-kpis:has-text('{expected['kv_cache_tokens']:,} tokens')")
+    kpis = page.locator("#plan-kpis").inner_text()
+    assert f"{expected['kv_cache_bytes'] / 1024**3:,.2f} GiB" in kpis
+    assert f"{expected['max_concurrency']:,} requests" in kpis
+    page.wait_for_selector("#plan-memory .js-plotly-plot")
+    shot(page, "plan")
+
+
+def test_launch_default_model(page, server):
+    open_tab(page, "Launch")
+    page.click("#launch-button")
+    page.wait_for_selector("#engine-state[data-state=ready]", timeout=LOAD_S)
+    assert "SmolLM2-135M-Instruct" in page.locator("#launch-status").inner_text()
+    other = page.context.new_page()  # a second browser tab sees the same, shared engine
+    other.goto(server + "/")
+    other.get_by_role("tab", name="Launch").click()
+    other.wait_for_selector("#engine-state[data-state=ready]")
+    other.close()
+    models = httpx.get(server + "/v1/models").json()  # the API now serves the engine the UI launched
+    assert [m["id"] for m in models["data"]] == ["SmolLM2-135M-Instruct"]
+    shot(page, "launch")
+
+
+def test_chat_streams_while_kv_chart_rises(page):
+    open_tab(page, "Chat")
+    page.fill("#chat-input textarea", "Write a long story about a dragon who learns to cook.")
+    page.click("#chat-send")
+    lengths, kv_values = [], []
+    deadline = time.monotonic() + 120
+    while "TTFT" not in page.locator("#chat-reply-stats").inner_text():
+        assert time.monotonic() < deadline, "the reply did not finish within 120 s"
+        bot = page.locator("#chatbot .bot").last
+        lengths.append(len(bot.inner_text()) if bot.count() else 0)
+        kv_values.append(float(page.locator("#live-now").get_attribute("data-kv") or 0))
+        time.sleep(0.25)
+    growing = sorted({n for n in lengths if n > 0})
+    assert len(growing) >= 3, f"the reply did not stream (lengths seen: {growing})"
+    assert max(kv_values) > 0, "the KV-usage figure never rose above zero while the reply ran"
+    kv_trace = page.evaluate(
+        "() => document.querySelector('#live-chart .js-plotly-plot').data"
+        ".find(t => t.name.startsWith('KV')).y.filter(v => v !== null)"
+    )
+    assert max(kv_trace) > 0  # the chart itself, not only the numbers line
+    assert "tok/s" in page.locator("#chat-reply-stats").inner_text()
+
+
+def test_load_of_16_requests_batches(page):
+    page.fill("#load-n input", "16")
+    page.fill("#load-tokens input", "48")
+    page.click("#load-fire")
+    running, deadline = 0, time.monotonic() + 90
+    while running <= 1:
+        assert time.monotonic() < deadline, "running requests never exceeded 1 under a load of 16"
+        running = int(page.locator("#live-now").get_attribute("data-running") or 0)
+        time.sleep(0.25)
+    page.wait_for_selector("#kv-block-map .js-plotly-plot")
+    shot(page, "chat")
+    page.wait_for_selector("#load-message .msg-ok:has-text('16 requests')", timeout=180_000)  # all finished
+
+
+def test_short_benchmark_table(page):
+    open_tab(page, "Benchmark")
+    for elem_id, value in (("bench-requests", "8"), ("bench-input", "32"), ("bench-output", "16")):
+        page.fill(f"#{elem_id} input", value)
+    page.click("#bench-run")
+    page.wait_for_selector("#bench-message:has-text('8 requests completed')", timeout=180_000)
+    table = page.locator("#bench-table").inner_text()
+    for metric in ("TTFT", "TPOT", "ITL", "E2E latency"):
+        assert metric in table
+    page.wait_for_selector("#bench-figure .js-plotly-plot")
+    shot(page, "benchmark")
+
+
+def test_monitor_reads_our_metrics(page):
+    open_tab(page, "Monitor")
+    page.click("#monitor-start")
+    page.wait_for_selector("#monitor-message:has-text('embedded')")
+    page.wait_for_selector("#monitor-chart .js-plotly-plot")
+    shot(page, "monitor")
+
+
+def test_export_zip_has_vllm_command_and_compose(page):
+    open_tab(page, "Export")
+    page.click("#export-generate")
+    page.wait_for_selector("#export-message:has-text('files ready')")
+    page.wait_for_selector("#export-preview:has-text('vllm serve')")
+    with page.expect_download() as download:
+        page.click("#export-download")
+    data = Path(download.value.path()).read_bytes()
+    names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+    texts = {n: zipfile.ZipFile(io.BytesIO(data)).read(n).decode() for n in names}
+    assert "vllm serve meta-llama/Llama-3.1-8B-Instruct" in texts["vllm/launch.sh"]
+    assert "services:" in texts["vllm/docker-compose.yml"]
+    shot(page, "export")

@@ -1,0 +1,368 @@
+"""Every tab's handler, called as the UI calls it: bad input comes back as a visible message (never an
+exception), good input as real results. The engine is a real one on a tiny random Llama built locally."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import re
+import socket
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import plotly.graph_objects as go
+import pytest
+
+from tests.test_engine_support import tiny_model
+from ui import bench_tab, chat_tab, export_tab, external, launch_tab, load, monitor_tab, plan_tab
+from ui.common import AppContext
+from ui.state import EngineHolder, LaunchConfig, build_engine
+
+PLAN_FORM = dict(
+    model="meta-llama/Llama-3.1-8B-Instruct",
+    gpu="H100-80GB",
+    num_gpus=1,
+    tp=0,
+    pp=1,
+    quant="bf16",
+    kv_dtype="auto",
+    max_len=0,
+    input_len=1024,
+    output_len=256,
+    concurrency=16,
+    util=0.92,
+    engine="vllm",
+    ttft=0,
+    tpot=0,
+)
+LAUNCH_FORM = dict(
+    dtype="float32",
+    device="cpu",
+    block_size=16,
+    max_num_seqs=8,
+    max_batched=64,
+    max_len=0,
+    kv_mib=8,
+    prefix=True,
+    seed=0,
+    remote=False,
+)
+CHAT_CONTROLS = dict(temperature=0.0, top_p=1.0, top_k=-1, max_tokens=8, seed=-1, stop="")
+EXPORT_FORM = dict(
+    engines=["vllm"],
+    formats=["shell", "compose"],
+    host="127.0.0.1",
+    port=8000,
+    served="",
+    api_key="",
+    speculative="off",
+)
+
+
+def unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def is_error(message: object, *words: str) -> bool:
+    """An inline error message (ui.common.error_message) that names every one of words."""
+    text = html.unescape(message) if isinstance(message, str) else ""
+    return "msg-error" in text and all(w in text for w in words)
+
+
+def drain(agen) -> list:
+    async def run():
+        return [update async for update in agen]
+
+    return asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def tiny() -> str:
+    return tiny_model("llama")[0]
+
+
+@pytest.fixture(scope="module")
+def ctx(tiny):
+    holder = EngineHolder()
+    status = holder.launch(
+        LaunchConfig(model=tiny, dtype="float32", device="cpu", kv_cache_memory_bytes=8 << 20)
+    )
+    assert status.state == "ready", status.error
+    yield AppContext(holder, tiny, f"http://127.0.0.1:{unused_port()}/v1")
+    holder.shutdown()
+
+
+# --- Plan -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("input_len", -5, ["input length", "-5"]),
+        ("output_len", 2.5, ["output length", "whole number"]),
+        ("num_gpus", 0, ["number of GPUs"]),
+        ("gpu", "NoSuchGPU", ["unknown GPU", "H100-80GB"]),
+        ("quant", "int3", ["unknown quantization"]),
+        ("max_len", 10_000_000, ["max_model_len", "131072"]),
+        ("model", " ", ["model is required"]),
+    ],
+)
+def test_plan_rejects_bad_input(field, value, words):
+    outputs = plan_tab.estimate_plan(*{**PLAN_FORM, field: value}.values())
+    assert is_error(outputs[5], *words), outputs[5]
+
+
+def test_plan_of_llama_8b_on_h100():
+    badge, kpis, memory, compare, recommendation, message, plan = plan_tab.estimate_plan(*PLAN_FORM.values())
+    assert "Fits" in badge and message == ""
+    assert "462,832 tokens" in kpis  # KV capacity: 56.5 GiB of KV at 128 KiB per token
+    assert isinstance(memory, go.Figure) and memory.layout.xaxis.title.text == "GiB per GPU"
+    assert {t.name for t in memory.data} >= {"Weights", "KV cache", "Activations"}
+    assert "tok/s" in compare.layout.xaxis.title.text and "$" in compare.layout.yaxis.title.text
+    assert plan["model"] == PLAN_FORM["model"] and plan["gpu"] == "H100-80GB"
+    assert "Recommendation" in recommendation
+
+
+# --- Launch -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("block_size", -16, ["block_size", "-16"]),
+        ("max_num_seqs", 0, ["max_num_seqs"]),
+        ("kv_mib", -1, ["KV cache budget"]),
+        ("max_len", -3, ["max_model_len"]),
+    ],
+)
+def test_launch_rejects_bad_form_without_touching_the_engine(ctx, field, value, words):
+    engine = ctx.holder.get()
+    message, status = launch_tab.launch_engine(
+        ctx.holder, ctx.default_model, *{**LAUNCH_FORM, field: value}.values()
+    )
+    assert is_error(message, *words), message
+    assert ctx.holder.get() is engine and "data-state='ready'" in status
+
+
+def test_failed_load_shows_the_error_and_relaunch_works(tiny):
+    holder = EngineHolder()
+    message, status = launch_tab.launch_engine(holder, "/no/such/model", *LAUNCH_FORM.values())
+    assert is_error(message, "Launch failed", "/no/such/model"), message
+    assert "data-state='failed'" in status and holder.get() is None
+    message, status = launch_tab.launch_engine(holder, tiny, *LAUNCH_FORM.values())
+    assert "msg-ok" in message and "data-state='ready'" in status
+    message, status = launch_tab.stop_engine(holder)
+    assert "msg-ok" in message and holder.get() is None and "data-state='stopped'" in status
+
+
+def test_second_launch_while_loading_is_refused_with_a_message_slow_factory(tiny):
+    release = threading.Event()
+
+    def slow_factory(config: LaunchConfig):
+        release.wait(30)
+        return build_engine(config)
+
+    holder = EngineHolder(engine_factory=slow_factory)
+    config = LaunchConfig(model=tiny, dtype="float32", device="cpu", kv_cache_memory_bytes=8 << 20)
+    first = threading.Thread(target=holder.launch, args=(config,))
+    first.start()
+    while holder.status().state != "loading":
+        pass
+    message, _ = launch_tab.launch_engine(holder, tiny, *LAUNCH_FORM.values())
+    assert is_error(message, "another launch is still loading"), message
+    release.set()
+    first.join()
+    assert holder.status().state == "ready"
+    holder.shutdown()
+
+
+# --- Chat and load ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("temperature", -1.0, ["temperature must be >= 0"]),
+        ("top_p", 0.0, ["top_p"]),
+        ("top_k", -7, ["top_k"]),
+        ("max_tokens", -5, ["max tokens", "-5"]),
+        ("seed", 1.5, ["seed"]),
+    ],
+)
+def test_chat_rejects_bad_sampling_values(ctx, field, value, words):
+    updates = drain(chat_tab.chat(ctx, "hello", [], "", *{**CHAT_CONTROLS, field: value}.values()))
+    assert len(updates) == 1 and is_error(updates[0][3], *words), updates
+
+
+def test_chat_streams_a_reply_with_its_stats(ctx):
+    updates = drain(chat_tab.chat(ctx, "Hi there", [], "Be brief.", *CHAT_CONTROLS.values()))
+    final_chat, _, stats, message, _ = updates[-1]
+    assert message == "" and final_chat[-1]["role"] == "assistant" and final_chat[-1]["content"]
+    assert re.search(r"\d+ tokens", stats) and "TTFT" in stats and "tok/s" in stats
+
+
+def test_chat_with_no_engine_launches_the_default_model_first(ctx):
+    fresh = AppContext(EngineHolder(), ctx.default_model, ctx.api_base)
+    updates = drain(chat_tab.chat(fresh, "Hi", [], "", *CHAT_CONTROLS.values()))
+    assert "starting the engine" in updates[0][0][-1]["content"]
+    assert updates[-1][3] == "" and "TTFT" in updates[-1][2]
+    assert fresh.holder.status().state == "ready" and fresh.holder.status().config.model == ctx.default_model
+    fresh.holder.shutdown()
+
+
+def test_chat_prompt_longer_than_the_model_limit_is_a_message(ctx):
+    long_text = "word " * 2000  # the tiny model's max_model_len is 512
+    updates = drain(chat_tab.chat(ctx, long_text, [], "", *CHAT_CONTROLS.values()))
+    assert is_error(updates[-1][3], "512"), updates[-1][3]
+    assert ctx.holder.stats()["num_kv_blocks_used"] == 0
+
+
+def test_stop_button_aborts_a_long_reply_and_frees_its_blocks(ctx):
+    async def run() -> list:
+        updates = []
+        async for update in chat_tab.chat(
+            ctx, "Tell a story", [], "", *{**CHAT_CONTROLS, "max_tokens": 400}.values()
+        ):
+            updates.append(update)
+            if isinstance(update[4], str) and update[4] and len(updates) == 3:
+                assert chat_tab.stop_reply(ctx.holder, update[4]) == ""
+        return updates
+
+    updates = asyncio.run(run())
+    final_chat, _, stats, _, _ = updates[-1]
+    assert "finish: abort" in stats and len(updates) < 100  # stopped long before 400 tokens
+    assert "finish: abort" in final_chat[-1]["content"]  # the stats line sits under the reply itself
+    assert ctx.holder.stats()["num_kv_blocks_used"] == 0
+
+
+def test_history_sent_back_to_the_model_drops_the_stats_line():
+    shown = [
+        {"role": "assistant", "content": [{"type": "text", "text": f"Paris.{chat_tab.STATS_MARK}TTFT</sub>"}]}
+    ]
+    assert chat_tab.message_text(shown[0]["content"]) == "Paris."
+
+
+def test_stop_without_a_reply_is_a_message(ctx):
+    assert is_error(chat_tab.stop_reply(ctx.holder, ""), "nothing to stop")
+
+
+@pytest.mark.parametrize(
+    ("n", "tokens", "words"),
+    [(-3, 8, ["number of requests"]), (100_000, 8, ["at most 256"]), (4, 0, ["max tokens per request"])],
+)
+def test_load_rejects_bad_input(ctx, n, tokens, words):
+    assert is_error(drain(load.fire_load(ctx, n, tokens))[-1], *words)
+
+
+def test_load_without_engine_and_with_one(ctx):
+    idle = AppContext(EngineHolder(), ctx.default_model, ctx.api_base)
+    assert is_error(drain(load.fire_load(idle, 4, 8))[-1], "no engine running")
+    final = drain(load.fire_load(ctx, 4, 8))[-1]
+    assert "msg-ok" in final and "4 requests, 32 tokens" in final
+    assert ctx.holder.stats()["num_kv_blocks_used"] == 0
+
+
+# --- Benchmark, Monitor, Export ---------------------------------------------------------------------
+
+BENCH = dict(
+    target="Another server (URL)",
+    url="http://127.0.0.1:{port}/v1",
+    model="m",
+    num_prompts=4,
+    input_len=16,
+    output_len=8,
+    concurrency=2,
+)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("url", "http://127.0.0.1:{port}/v1", ["cannot reach"]),
+        ("url", "localhost:8000/v1", ["must start with http"]),
+        ("num_prompts", -1, ["number of requests"]),
+        ("output_len", 0, ["output length"]),
+        ("model", "", ["model is required"]),
+    ],
+)
+def test_benchmark_rejects_bad_input(ctx, field, value, words):
+    form = {**BENCH, field: value}
+    form["url"] = form["url"].format(port=unused_port())
+    outputs = bench_tab.run(ctx, None, *form.values())
+    assert is_error(outputs[0], *words), outputs[0]
+
+
+def test_benchmark_of_embedded_engine_that_is_not_running(ctx):
+    idle = AppContext(EngineHolder(), ctx.default_model, ctx.api_base)
+    outputs = bench_tab.run(idle, None, bench_tab.EMBEDDED, "", "", 4, 16, 8, 2)
+    assert is_error(outputs[0], "not running"), outputs[0]
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("ftp://host/metrics", ["must start with http"]),
+        ("http://127.0.0.1:{port}/metrics", ["cannot read metrics"]),
+    ],
+)
+def test_monitor_rejects_bad_urls(url, words):
+    pollers = monitor_tab.Pollers()
+    _, message, samples = monitor_tab.start_monitor(pollers, "s", url.format(port=unused_port()))
+    assert is_error(message, *words) and samples == [] and pollers.get("s") is None
+
+
+@pytest.mark.parametrize(
+    ("plan", "field", "value", "words"),
+    [
+        (None, "port", 8000, ["no plan yet"]),
+        ("plan", "port", -1, ["port"]),
+        ("plan", "engines", [], ["choose at least one engine"]),
+        ("plan", "api_key", "MY KEY", ["api_key_env", "environment variable"]),
+        ("plan", "speculative", "eagle3", ["speculative model"]),
+        ("plan", "host", "-rf", ["host"]),
+    ],
+)
+def test_export_rejects_bad_input(plan, field, value, words):
+    current = plan_tab.estimate_plan(*PLAN_FORM.values())[6] if plan else None
+    outputs = export_tab.export_plan(current, *{**EXPORT_FORM, field: value}.values())
+    assert is_error(outputs[4], *words), outputs[4]
+
+
+def test_export_previews_the_launch_command_and_zips_everything():
+    plan = plan_tab.estimate_plan(*PLAN_FORM.values())[6]
+    _, picker, preview, archive, message = export_tab.export_plan(plan, *EXPORT_FORM.values())
+    assert "msg-ok" in message and picker["value"] == "vllm/launch.sh"
+    assert (
+        "vllm serve meta-llama/Llama-3.1-8B-Instruct" in preview["value"] and preview["language"] == "shell"
+    )
+    names = zipfile.ZipFile(Path(archive)).namelist()
+    assert {"vllm/launch.sh", "vllm/docker-compose.yml", "README.md"} <= set(names)
+
+
+def test_external_server_runs_the_exported_command_fake_vllm_executable(tmp_path, monkeypatch):
+    """vLLM cannot run here; a stand-in `vllm` on PATH records the command line the UI runs."""
+    record = tmp_path / "argv.txt"
+    fake = tmp_path / "vllm"
+    fake.write_text(f'#!/bin/sh\necho "$@" > {record}\nexec sleep 60\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    servers = external.ExternalServers()
+    plan = plan_tab.estimate_plan(*PLAN_FORM.values())[6]
+    assert is_error(servers.start(None, "vllm", 8011), "no plan yet")
+    assert is_error(servers.start(plan, "vllm", -1), "port")
+    assert is_error(servers.start(plan, "llamacpp", 8011), "llama-server")
+    assert "msg-ok" in servers.start(plan, "vllm", 8011)
+    assert is_error(servers.start(plan, "vllm", 8011), "already running")
+    for _ in range(100):
+        if record.exists() and record.read_text():
+            break
+        time.sleep(0.05)
+    argv = record.read_text()
+    assert argv.startswith("serve meta-llama/Llama-3.1-8B-Instruct") and "--port 8011" in argv
+    process = servers.processes["vllm"]
+    assert "msg-ok" in servers.stop("vllm") and process.poll() is not None
+    assert is_error(servers.stop("vllm"), "no vllm server")

@@ -1,0 +1,118 @@
+"""The web app: six tabs on one page, mounted with the OpenAI-compatible API on one FastAPI server.
+
+/        the Gradio UI (Plan, Launch, Chat, Benchmark, Monitor, Export)
+/v1/...  the OpenAI-compatible API served by the engine the UI launched (backend.server)
+/metrics Prometheus metrics of that engine
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+
+import gradio as gr
+from fastapi import FastAPI
+
+from ui import bench_tab, chat_tab, export_tab, launch_tab, monitor_tab, plan_tab
+from ui.common import AppContext
+from ui.state import EngineHolder
+
+THEME = gr.themes.Soft(
+    primary_hue="indigo",
+    secondary_hue="sky",
+    neutral_hue="slate",
+    font=["ui-sans-serif", "system-ui", "Segoe UI", "Roboto", "sans-serif"],  # no web fonts: works offline
+    font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "monospace"],
+)
+CSS = """
+.msg { padding: 6px 10px; border-radius: 6px; margin: 2px 0; font-size: 0.95em; }
+.msg-error { background: #fef2f2; color: #991b1b; border: 1px solid #fecaca; }
+.msg-ok { background: #f0fdf4; color: #166534; border: 1px solid #bbf7d0; }
+.msg-info { background: #f8fafc; color: #334155; border: 1px solid #e2e8f0; }
+.badge { display: inline-block; padding: 4px 12px; border-radius: 999px; font-weight: 600; }
+.badge-fits { background: #dcfce7; color: #166534; }
+.badge-nofit { background: #fee2e2; color: #991b1b; }
+.badge-offline { background: #fef9c3; color: #854d0e; }
+.badge-online { background: #e0f2fe; color: #075985; }
+.kpis { display: grid; grid-template-columns: repeat(auto-fit, minmax(150px, 1fr)); gap: 8px; }
+.kpi { background: #f8fafc; border: 1px solid #e2e8f0; border-radius: 8px; padding: 8px 10px; }
+.kpi b { display: block; font-size: 1.25em; }
+.kpi span { color: #64748b; font-size: 0.85em; }
+"""
+
+
+def default_model_for_launch() -> str:
+    from backend.default_model import default_model
+
+    return default_model(check_hub=False)  # the packaged GGUF, else the Hub id (a Space downloads it)
+
+
+def build_demo(ctx: AppContext) -> gr.Blocks:
+    """The six tabs; handlers reach the engine through ctx.holder, shared by every browser tab."""
+    from backend.default_model import DEFAULT_MODEL_NAME
+
+    with gr.Blocks(title="LLM serving playground") as demo:
+        gr.Markdown(
+            "# LLM serving playground\n"
+            "Plan a deployment, launch the embedded engine and chat with it while the charts show "
+            f"batching and KV cache at work, benchmark any OpenAI-compatible server, export configs. "
+            f"Default model: **{DEFAULT_MODEL_NAME}**. OpenAI API of the launched engine: `{ctx.api_base}`."
+        )
+        with gr.Tabs() as tabs:
+            with gr.Tab("Plan", id="plan"):
+                plan_state = plan_tab.build(ctx, demo)
+            with gr.Tab("Launch", id="launch"):
+                launch_tab.build(ctx, demo, plan_state)
+            with gr.Tab("Chat", id="chat"):
+                chat_timer = chat_tab.build(ctx, demo)
+            with gr.Tab("Benchmark", id="bench"):
+                bench_tab.build(ctx, plan_state)
+            with gr.Tab("Monitor", id="monitor"):
+                monitor_tab.build(ctx)
+            with gr.Tab("Export", id="export"):
+                export_tab.build(ctx, plan_state)
+
+        def on_tab(event: gr.SelectData) -> gr.Timer:  # live charts refresh only while the Chat tab shows
+            return gr.Timer(active=event.value == "Chat")
+
+        tabs.select(on_tab, None, chat_timer)
+    return demo
+
+
+def build_server(ctx: AppContext) -> FastAPI:
+    """One FastAPI app: the OpenAI-compatible API of the shared engine, with the UI mounted at /."""
+    from backend.server import build_app
+
+    app = build_app(engine_provider=ctx.holder.get)
+    return gr.mount_gradio_app(app, build_demo(ctx), path="/", theme=THEME, css=CSS, footer_links=["api"])
+
+
+def _open_share_tunnel(host: str, port: int) -> None:
+    from gradio import networking
+
+    try:
+        url = networking.setup_tunnel(
+            "127.0.0.1" if host == "0.0.0.0" else host, port, secrets.token_urlsafe(32), None, None
+        )
+        print(f"* Public share link (anyone with it can use this app and its /v1 API): {url}", flush=True)
+    except Exception as exc:  # no tunnel server reachable: keep serving locally
+        print(f"* Could not create a share link ({exc}); serving locally only.", flush=True)
+
+
+def launch(host: str = "127.0.0.1", port: int = 7860, model: str | None = None, share: bool = False) -> None:
+    """Serve the UI and the OpenAI-compatible API on host:port until interrupted."""
+    import uvicorn
+
+    if host == "127.0.0.1" and os.environ.get("GRADIO_SERVER_NAME"):  # a Hugging Face Space asks for 0.0.0.0
+        host = os.environ["GRADIO_SERVER_NAME"]
+    display_host = "127.0.0.1" if host == "0.0.0.0" else host
+    ctx = AppContext(EngineHolder(), model or default_model_for_launch(), f"http://{display_host}:{port}/v1")
+    app = build_server(ctx)
+    print(f"* Running on http://{display_host}:{port}  (OpenAI API: {ctx.api_base})", flush=True)
+    if share:
+        threading.Timer(2.0, _open_share_tunnel, args=(host, port)).start()
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    finally:
+        ctx.holder.shutdown()

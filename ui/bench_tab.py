@@ -1,0 +1,188 @@
+"""Benchmark tab: the serving benchmark (backend.bench.serve) against the embedded engine or any URL."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from ui.common import AppContext, describe, error_message, ms, ok_message, required_int, tok_s
+
+EMBEDDED = "Embedded engine (this server's /v1)"
+REQUEST_TIMEOUT_S = 120.0
+PERCENTILE_METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E latency"))
+
+
+def bench_config(
+    ctx: AppContext,
+    target: str,
+    url: str,
+    model: str,
+    num_prompts: Any,
+    input_len: Any,
+    output_len: Any,
+    concurrency: Any,
+):
+    """The form as a BenchConfig; ValueError naming the field for an impossible value."""
+    from backend.bench.serve import BenchConfig
+
+    if target == EMBEDDED:
+        engine = ctx.holder.get()
+        if engine is None:
+            raise ValueError(
+                "the embedded engine is not running: press Launch in the Launch tab, or pick a URL"
+            )
+        base_url, model = ctx.api_base, model.strip() or engine.model_name
+    else:
+        base_url = (url or "").strip()
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"server URL must start with http:// or https://, got {base_url!r}")
+        if not (model or "").strip():
+            raise ValueError("model is required for an external server (the name its /v1/models lists)")
+        model = model.strip()
+    return BenchConfig(
+        base_url=base_url,
+        model=model,
+        dataset="random",
+        num_prompts=required_int(num_prompts, "number of requests"),
+        input_len=required_int(input_len, "input length (tokens)"),
+        output_len=required_int(output_len, "output length (tokens)"),
+        max_concurrency=required_int(concurrency, "max concurrency"),
+        ignore_eos=True,
+        timeout_s=REQUEST_TIMEOUT_S,
+    )
+
+
+def check_reachable(base_url: str) -> None:
+    """Fail fast (5 s) with a clear message instead of timing out request by request."""
+    import httpx
+
+    try:
+        httpx.get(base_url.rstrip("/") + "/models", timeout=5.0)
+    except httpx.HTTPError as exc:
+        raise ValueError(f"cannot reach {base_url}: {describe(exc) or type(exc).__name__}") from None
+
+
+def percentile_rows(result: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for key, label in PERCENTILE_METRICS:
+        values = [result.get(f"{stat}_{key}_ms") for stat in ("mean", "median", "p90", "p99")]
+        if any(v is not None for v in values):
+            rows.append([label, *("–" if v is None else f"{v:,.1f} ms" for v in values)])
+    return rows
+
+
+def plan_for(ctx: AppContext, target: str, plan: dict[str, Any] | None, config: Any) -> dict[str, Any] | None:
+    """What the planner predicts for the measured setup: the launched model on this machine for the
+    embedded engine, the Plan tab's deployment for another server; lengths and concurrency as benchmarked."""
+    from backend.planner import PlanRequest
+
+    workload = dict(
+        input_len=config.input_len,
+        output_len=config.output_len,
+        concurrency=config.max_concurrency or config.num_prompts,
+    )
+    status, stats = ctx.holder.status(), ctx.holder.stats() or {}
+    if target == EMBEDDED and status.config is not None and stats.get("device") == "cpu":
+        quant = "bf16" if stats.get("dtype") == "bfloat16" else "fp32"
+        return PlanRequest(
+            model=status.config.model, gpu="CPU", engine="embedded", quant=quant, **workload
+        ).to_dict()
+    return {**plan, **workload} if plan and target != EMBEDDED else None
+
+
+def comparison_html(result: dict[str, Any], plan: dict[str, Any] | None) -> str:
+    """Measured against the planner's estimate, side by side."""
+    from backend.planner import PlanRequest, estimate
+
+    rows = [
+        ("Median TTFT", ms(result["median_ttft_ms"] / 1000), "ttft_s", ms),
+        ("Median TPOT", ms(result["median_tpot_ms"] / 1000), "tpot_s", ms),
+        ("Output throughput", tok_s(result["output_throughput"]), "decode_tokens_per_s_total", tok_s),
+    ]
+    note, est = "no plan to compare with (fill in the Plan tab)", None
+    if plan:
+        try:
+            est = estimate(PlanRequest(**plan)).to_dict()
+            note = f"estimate: {html.escape(Path(plan['model']).name)} on {plan['num_gpus']} × {plan['gpu']}"
+        except ValueError as exc:
+            note = f"estimate unavailable: {html.escape(describe(exc))}"
+    body = "".join(
+        f"<tr><td>{name}</td><td><b>{measured}</b></td><td>{fmt(est[key]) if est else '–'}</td></tr>"
+        for name, measured, key, fmt in rows
+    )
+    return (
+        f"<div class='msg msg-info' id='bench-summary'>{result['completed']} completed, "
+        f"{result['failed']} failed in {result['duration']:.1f} s · "
+        f"{result['request_throughput']:.2f} requests/s"
+        f"<table><tr><th></th><th>measured</th><th>planner estimate</th></tr>{body}</table>{note}</div>"
+    )
+
+
+def run(ctx: AppContext, plan: dict[str, Any] | None, *form: Any, progress: Any = None) -> tuple:
+    """(message, table, summary, figure)."""
+    from backend.bench.plots import latency_figure
+    from backend.bench.serve import run_benchmark
+
+    try:
+        config = bench_config(ctx, *form)
+        check_reachable(config.base_url)
+        estimate_plan = plan_for(ctx, form[0], plan, config)
+    except ValueError as exc:
+        return error_message(describe(exc)), gr.skip(), gr.skip(), gr.skip()
+
+    def report(done: int, total: int) -> None:
+        if progress is not None:
+            progress(done / max(total, 1), desc=f"{done}/{total} requests")
+
+    try:
+        result = run_benchmark(config, progress=report)
+    except Exception as exc:  # unreachable server, wrong model name, HTTP errors
+        return error_message(f"benchmark failed: {describe(exc)}"), gr.skip(), gr.skip(), gr.skip()
+    data = result.to_dict()
+    if not result.completed:
+        errors = data["errors"] or ["no response"]
+        return (
+            error_message(f"all {result.failed} requests failed: {errors[0]}"),
+            gr.skip(),
+            gr.skip(),
+            gr.skip(),
+        )
+    message = ok_message(f"done: {result.completed} requests completed, {result.failed} failed")
+    return message, percentile_rows(data), comparison_html(data, estimate_plan), latency_figure(result)
+
+
+def build(ctx: AppContext, plan_state: gr.State) -> None:
+    with gr.Row():
+        with gr.Column(scale=2):
+            target = gr.Radio([EMBEDDED, "Another server (URL)"], value=EMBEDDED, label="Target")
+            url = gr.Textbox("http://127.0.0.1:8000/v1", label="Server URL (OpenAI-compatible, ends in /v1)")
+            model = gr.Textbox("", label="Model name (empty = the embedded engine's)")
+            with gr.Row():
+                num_prompts = gr.Number(16, label="Requests", precision=0, elem_id="bench-requests")
+                concurrency = gr.Number(4, label="Max concurrency", precision=0)
+            with gr.Row():
+                input_len = gr.Number(128, label="Input tokens", precision=0, elem_id="bench-input")
+                output_len = gr.Number(32, label="Output tokens", precision=0, elem_id="bench-output")
+            start = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
+            message = gr.HTML(elem_id="bench-message")
+        with gr.Column(scale=3):
+            table = gr.Dataframe(
+                headers=["metric", "mean", "median", "p90", "p99"],
+                elem_id="bench-table",
+                interactive=False,
+                label="Latency percentiles",
+            )
+            summary = gr.HTML(elem_id="bench-summary-box")
+            figure = gr.Plot(label="Latency distribution", elem_id="bench-figure")
+
+    def on_run(plan: dict | None, *values: Any, progress: gr.Progress = gr.Progress()) -> tuple:  # noqa: B008 (Gradio's idiom)
+        return run(ctx, plan, *values, progress=progress)
+
+    start.click(
+        on_run,
+        [plan_state, target, url, model, num_prompts, input_len, output_len, concurrency],
+        [message, table, summary, figure],
+    )

@@ -1,0 +1,148 @@
+"""Plotly figure builders. Pure functions: data in, figure out; every axis labelled with its unit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+GIB = 1024**3
+MEMORY_PARTS = (  # (Estimate key, legend label, colour)
+    ("weights_bytes", "Weights", "#4f46e5"),
+    ("kv_cache_bytes", "KV cache", "#0ea5e9"),
+    ("activation_bytes", "Activations", "#f59e0b"),
+    ("cuda_graph_bytes", "CUDA graphs", "#a78bfa"),
+    ("overhead_bytes", "Overhead (CUDA context)", "#94a3b8"),
+)
+_LAYOUT = dict(template="plotly_white", margin=dict(l=50, r=20, t=40, b=40), font=dict(size=12))
+
+
+def _figure(title: str, height: int = 320) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=title, height=height, **_LAYOUT)
+    return fig
+
+
+def memory_figure(estimate: dict[str, Any], gpu: str) -> go.Figure:
+    """Stacked bar of memory per GPU (weights, KV cache, activations, overhead) against capacity and
+    against the share that gpu_memory_utilization allows."""
+    fig = _figure(f"Memory per GPU ({gpu})", height=300)
+    for key, label, colour in MEMORY_PARTS:
+        gib = (estimate.get(key) or 0) / GIB
+        fig.add_bar(
+            x=[gib],
+            y=[gpu],
+            name=label,
+            orientation="h",
+            marker_color=colour,
+            hovertemplate=f"{label}: %{{x:.2f}} GiB<extra></extra>",
+        )
+    capacity = estimate["gpu_memory_bytes"] / GIB
+    budget = capacity * estimate["gpu_memory_utilization"]
+    fig.add_vline(
+        x=capacity,
+        line_color="#dc2626",
+        annotation_text=f"GPU {capacity:.0f} GiB",
+        annotation_position="top right",
+    )
+    fig.add_vline(
+        x=budget,
+        line_dash="dash",
+        line_color="#f97316",
+        annotation_text=f"budget {budget:.1f} GiB",
+        annotation_position="bottom left",
+    )
+    fig.update_layout(barmode="stack", legend=dict(orientation="h", y=-0.35))
+    fig.update_xaxes(title="GiB per GPU", rangemode="tozero")
+    return fig
+
+
+def gpu_compare_figure(rows: Sequence[dict[str, Any]]) -> go.Figure:
+    """Cost per 1M output tokens against total decode throughput, one marker per GPU."""
+    fig = _figure("GPUs compared: throughput vs cost (same model and workload)", height=380)
+    for fits, name, symbol in ((True, "fits", "circle"), (False, "does not fit", "x")):
+        part = [r for r in rows if bool(r["fits"]) == fits]
+        if not part:
+            continue
+        fig.add_scatter(
+            x=[r["decode_tokens_per_s_total"] for r in part],
+            y=[r["cost_per_million_output_tokens"] for r in part],
+            text=[r["gpu"] for r in part],
+            mode="markers+text",
+            textposition="top center",
+            name=name,
+            textfont=dict(size=10),
+            marker=dict(symbol=symbol, size=11),
+            hovertemplate="%{text}<br>%{x:,.0f} tok/s<br>$%{y:.3f} / 1M tok<extra></extra>",
+        )
+    fig.update_xaxes(title="decode throughput, all requests (tok/s)", rangemode="tozero")
+    fig.update_yaxes(title="cost ($ / 1M output tok, log scale)", type="log")
+    return fig
+
+
+LIVE_SERIES = (  # (row, col, sample key, label, scale)
+    (1, 1, "generation_tokens_per_s", "generation tok/s", 1.0),
+    (1, 1, "prompt_tokens_per_s", "prompt tok/s", 1.0),
+    (1, 2, "kv_cache_usage", "KV cache usage %", 100.0),
+    (2, 1, "num_requests_running", "running", 1.0),
+    (2, 1, "num_requests_waiting", "waiting", 1.0),
+    (2, 2, "prefix_cache_hit_rate", "prefix-cache hit %", 100.0),
+    (2, 2, "num_preemptions_total", "preemptions (total)", 1.0),
+)
+
+
+def live_figure(samples: Sequence[dict[str, Any]], title: str = "Live engine metrics") -> go.Figure:
+    """Four panels over time: tokens/s, KV-cache usage, running/waiting, prefix hits and preemptions."""
+    fig = make_subplots(
+        rows=2,
+        cols=2,
+        vertical_spacing=0.22,
+        horizontal_spacing=0.14,
+        subplot_titles=("Throughput (tok/s)", "KV-cache usage (%)", "Requests", "Prefix cache & preemptions"),
+    )
+    now = samples[-1]["timestamp"] if samples else 0.0
+    seconds = [s["timestamp"] - now for s in samples]
+    for row, col, key, label, scale in LIVE_SERIES:
+        values = [None if s.get(key) is None else s[key] * scale for s in samples]
+        fig.add_scatter(x=seconds, y=values, name=label, mode="lines", row=row, col=col)
+    fig.update_yaxes(title_text="tok/s", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="% of KV blocks", range=[0, 100], row=1, col=2)
+    fig.update_yaxes(title_text="requests", rangemode="tozero", row=2, col=1)
+    fig.update_yaxes(title_text="% / count", rangemode="tozero", row=2, col=2)
+    fig.update_xaxes(range=[min(-60.0, seconds[0] if seconds else 0.0), 0])
+    fig.update_xaxes(title_text="seconds (0 = now)", row=2)
+    fig.update_layout(title=title, height=540, legend=dict(orientation="h", y=-0.22), **_LAYOUT)
+    fig.update_layout(uirevision="live")  # keep hidden series across refreshes
+    return fig
+
+
+def kv_block_map_figure(block_owners: dict[str, list[int]], num_blocks: int, columns: int = 64) -> go.Figure:
+    """Every KV block as a cell, coloured by the request that holds it (grey = free)."""
+    rows = max(1, -(-num_blocks // columns))
+    owner_index: list[list[int | None]] = [[None] * columns for _ in range(rows)]
+    labels = [["free"] * columns for _ in range(rows)]
+    for index, (request_id, blocks) in enumerate(sorted(block_owners.items()), start=1):
+        for block in blocks:
+            if 0 <= block < num_blocks:
+                owner_index[block // columns][block % columns] = index
+                labels[block // columns][block % columns] = request_id
+    fig = _figure(f"KV blocks by request ({num_blocks} blocks, grey = free)", height=max(160, 60 + 14 * rows))
+    fig.add_heatmap(
+        z=owner_index,
+        text=labels,
+        showscale=False,
+        xgap=1,
+        ygap=1,
+        colorscale="Turbo",
+        zmin=1,
+        zmax=max(1, len(block_owners)),
+        hovertemplate="block %{customdata}<br>%{text}<extra></extra>",
+        customdata=[[r * columns + c for c in range(columns)] for r in range(rows)],
+        hoverongaps=False,
+    )
+    fig.update_layout(plot_bgcolor="#e5e7eb")  # free blocks (None) show the background
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False, autorange="reversed")
+    return fig

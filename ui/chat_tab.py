@@ -1,0 +1,222 @@
+"""Chat tab: a streaming chat with the embedded engine, beside live charts of that engine at work."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import gradio as gr
+
+from ui import charts, load
+from ui.common import AppContext, describe, error_message, ms, percent, tok_s
+from ui.launch_tab import DEFAULT_KV_MIB, MIB
+from ui.state import EngineHolder, LaunchConfig
+
+DEFAULT_SYSTEM = "You are a helpful assistant. Answer briefly."
+STATS_MARK = (
+    "\n\n<sub>reply stats: "  # starts the stats line under each reply; stripped before the next prompt
+)
+
+
+def sampling_params(temperature, top_p, top_k, max_tokens, seed, stop):
+    """The sampling controls as SamplingParams; ValueError (from SamplingParams) for a value out of range."""
+    from backend.engine import SamplingParams
+    from ui.common import optional_int, required_int
+
+    stops = [s for s in (stop or "").split("\n") if s]
+    return SamplingParams(
+        temperature=float(temperature),
+        top_p=float(top_p),
+        top_k=int(top_k),
+        max_tokens=required_int(max_tokens, "max tokens"),
+        seed=optional_int(seed, "seed", minimum=0, auto=-1),
+        stop=stops or None,
+    )
+
+
+def prompt_token_ids(engine: Any, system: str, history: list[dict[str, str]]) -> list[int]:
+    """The conversation through the model's chat template, as token ids (no second BOS)."""
+    messages = ([{"role": "system", "content": system}] if system.strip() else []) + history
+    text = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return engine.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+async def ensure_engine(ctx: AppContext) -> tuple[Any | None, str]:
+    """The running engine; launches the default model if none was launched; (None, why) on failure."""
+    holder = ctx.holder
+    if holder.status().state == "stopped":
+        await asyncio.to_thread(_launch_default, holder, ctx.default_model)
+    while holder.status().state == "loading":
+        await asyncio.sleep(0.5)
+    status = holder.status()
+    if status.state == "failed":
+        return None, f"the engine failed to load ({status.error}); fix it in the Launch tab"
+    engine = holder.get()
+    return (
+        (engine, "")
+        if engine is not None
+        else (None, "the engine is stopped; press Launch in the Launch tab")
+    )
+
+
+def _launch_default(holder: EngineHolder, model: str) -> None:
+    with contextlib.suppress(RuntimeError):  # another tab started a launch first; the caller waits for it
+        holder.launch(LaunchConfig(model=model, kv_cache_memory_bytes=DEFAULT_KV_MIB * MIB))
+
+
+def reply_stats(started: float, first_token: float | None, finished: float, tokens: int, reason: str) -> str:
+    if first_token is None:
+        return f"No tokens generated (finish: {reason})."
+    decode = (tokens - 1) / (finished - first_token) if tokens > 1 and finished > first_token else None
+    return f"TTFT {ms(first_token - started)} · {tok_s(decode)} · {tokens} tokens · finish: {reason}"
+
+
+def message_text(content: str | list[dict[str, Any]]) -> str:
+    """A chatbot message's text without its stats line (Gradio passes content as a list of typed parts)."""
+    if not isinstance(content, str):
+        content = "".join(part.get("text", "") for part in content if part.get("type") == "text")
+    return content.split(STATS_MARK)[0]
+
+
+async def chat(ctx: AppContext, text: str, shown: list, system: str, *controls: Any) -> AsyncIterator[tuple]:
+    """Stream one reply. Yields (chatbot, textbox, reply stats, message, request id)."""
+    if not (text or "").strip():
+        yield gr.skip(), gr.skip(), gr.skip(), error_message("type a message first"), gr.skip()
+        return
+    try:
+        params = sampling_params(*controls)
+    except ValueError as exc:
+        yield gr.skip(), gr.skip(), gr.skip(), error_message(describe(exc)), gr.skip()
+        return
+    history = [{"role": m["role"], "content": message_text(m["content"])} for m in shown or []]
+    history.append({"role": "user", "content": text})
+    note = "⏳" if ctx.holder.get() else "⏳ starting the engine (the default model loads in about 30 s)…"
+    waiting = [*history, {"role": "assistant", "content": note}]
+    yield waiting, "", "", "", gr.skip()
+    engine, why = await ensure_engine(ctx)
+    if engine is None:
+        yield history, gr.skip(), "", error_message(why), gr.skip()
+        return
+    request_id = f"chat-{uuid.uuid4().hex[:8]}"
+    started, first_token, out = time.time(), None, None
+    try:
+        ids = prompt_token_ids(engine, system or "", history)
+        async for out in engine.generate(ids, params, request_id=request_id):
+            if first_token is None and out.outputs[0].token_ids:
+                first_token = time.time()
+            yield (
+                [*history, {"role": "assistant", "content": out.outputs[0].text}],
+                gr.skip(),
+                "",
+                "",
+                request_id,
+            )
+    except Exception as exc:  # prompt too long, engine stopped under us: show it, keep the UI alive
+        yield history, gr.skip(), "", error_message(describe(exc)), ""
+        return
+    completion = out.outputs[0]
+    stats = reply_stats(
+        started, first_token, time.time(), len(completion.token_ids), completion.finish_reason
+    )
+    reply = {"role": "assistant", "content": f"{completion.text}{STATS_MARK}{stats}</sub>"}
+    yield [*history, reply], gr.skip(), stats, "", ""
+
+
+def stop_reply(holder: EngineHolder, request_id: str) -> str:
+    engine = holder.get()
+    if request_id and engine is not None:
+        engine.abort(request_id)
+        return ""
+    return error_message("nothing to stop")
+
+
+def live_now_html(sample: dict[str, Any] | None) -> str:
+    if sample is None:
+        return (
+            "<div id='live-now' class='msg msg-info'>No engine running: the charts start when one is.</div>"
+        )
+    used, total = sample.get("num_kv_blocks_used"), sample.get("num_kv_blocks_total")
+    return (
+        f"<div id='live-now' class='msg msg-info' data-running='{sample['num_requests_running']}' "
+        f"data-waiting='{sample['num_requests_waiting']}' data-kv='{sample.get('kv_cache_usage') or 0}'>"
+        f"running <b>{sample['num_requests_running']}</b> · "
+        f"waiting <b>{sample['num_requests_waiting']}</b> · "
+        f"KV cache <b>{percent(sample.get('kv_cache_usage'))}</b> ({used}/{total} blocks) · "
+        f"generation <b>{tok_s(sample.get('generation_tokens_per_s'))}</b> · "
+        f"prefix hits <b>{percent(sample.get('prefix_cache_hit_rate'))}</b> · "
+        f"preemptions <b>{sample.get('num_preemptions_total', 0)}</b></div>"
+    )
+
+
+def refresh_live(holder: EngineHolder) -> tuple:
+    """Timer handler: (numbers, live chart, KV block map) from the shared sample history."""
+    samples = holder.samples()
+    if not samples:
+        return live_now_html(None), gr.skip(), gr.skip()
+    stats = holder.last_stats() or {}
+    total = int(stats.get("num_kv_blocks_total") or 0)
+    block_map = charts.kv_block_map_figure(stats.get("block_owners") or {}, total) if total else gr.skip()
+    return live_now_html(samples[-1]), charts.live_figure(samples), block_map
+
+
+def build(ctx: AppContext, demo: gr.Blocks) -> gr.Timer:
+    """The Chat tab; returns its timer so the app can run it only while the tab is visible."""
+    request_id = gr.State("")
+    with gr.Row():
+        with gr.Column(scale=5):
+            chatbot = gr.Chatbot(
+                label="Chat with the launched engine",
+                height=420,
+                elem_id="chatbot",
+                buttons=["copy"],
+                feedback_options=None,
+            )
+            text = gr.Textbox(
+                placeholder="Ask something and press Enter", show_label=False, elem_id="chat-input"
+            )
+            with gr.Row():
+                send = gr.Button("Send", variant="primary", elem_id="chat-send")
+                stop = gr.Button("Stop", variant="stop", elem_id="chat-stop")
+                clear = gr.Button("Clear")
+            stats = gr.Markdown(elem_id="chat-reply-stats")
+            message = gr.HTML(elem_id="chat-message")
+            system = gr.Textbox(DEFAULT_SYSTEM, label="System prompt", lines=2)
+            with gr.Accordion("Sampling", open=False):
+                with gr.Row():
+                    temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")
+                    top_p = gr.Slider(0.01, 1, value=1, step=0.01, label="top_p")
+                    top_k = gr.Number(-1, label="top_k (-1 = off)", precision=0)
+                with gr.Row():
+                    max_tokens = gr.Number(256, label="max tokens", precision=0)
+                    seed = gr.Number(-1, label="seed (-1 = random)", precision=0)
+                    stop_text = gr.Textbox("", label="stop strings (one per line)", lines=1)
+        with gr.Column(scale=6):
+            now = gr.HTML(live_now_html(None), elem_id="live-now-box")
+            live = gr.Plot(label="Live engine metrics (1 s)", elem_id="live-chart")
+            load.build(ctx)
+            block_map = gr.Plot(label="KV blocks by request", elem_id="kv-block-map")
+
+    controls = [temperature, top_p, top_k, max_tokens, seed, stop_text]
+
+    async def on_chat(*values: Any) -> AsyncIterator[tuple]:
+        async for update in chat(ctx, *values):
+            yield update
+
+    outputs = [chatbot, text, stats, message, request_id]
+    for trigger in (send.click, text.submit):
+        trigger(
+            on_chat,
+            [text, chatbot, system, *controls],
+            outputs,
+            concurrency_limit=None,
+            show_progress="hidden",
+        )
+    stop.click(lambda rid: stop_reply(ctx.holder, rid), request_id, message)
+    clear.click(lambda: ([], "", ""), None, [chatbot, stats, message])
+    timer = gr.Timer(1.0, active=False)
+    timer.tick(lambda: refresh_live(ctx.holder), None, [now, live, block_map], show_progress="hidden")
+    return timer

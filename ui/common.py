@@ -1,0 +1,89 @@
+"""What every tab shares: the app context, inline messages next to controls, and number formatting."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+from ui.state import EngineHolder
+
+GIB = 1024**3
+
+
+@dataclass(slots=True)
+class AppContext:
+    """Process-wide objects every tab's handlers use."""
+
+    holder: EngineHolder
+    default_model: str  # GGUF path, folder or Hub id that Launch proposes
+    api_base: str  # this server's OpenAI-compatible API, e.g. http://127.0.0.1:7860/v1
+
+
+def error_message(text: str) -> str:
+    return f"<div class='msg msg-error'>⚠ {html.escape(text)}</div>"
+
+
+def ok_message(text: str) -> str:
+    return f"<div class='msg msg-ok'>✓ {html.escape(text)}</div>"
+
+
+def info_message(text: str) -> str:
+    return f"<div class='msg msg-info'>{html.escape(text)}</div>"
+
+
+def describe(exc: BaseException) -> str:
+    """One readable line for an exception: the message alone for input errors, else with its type."""
+    if isinstance(exc, ValueError | KeyError | FileNotFoundError):
+        return str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def optional_int(value: float | str | None, name: str, minimum: int = 1, auto: int = 0) -> int | None:
+    """A form number where `auto` (or empty) means automatic (None); else a whole number >= minimum,
+    or ValueError naming the field."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{name} must be a whole number >= {minimum} (or {auto} for automatic), got {value!r}"
+        ) from None
+    if number == auto:
+        return None
+    if number != int(number) or number < minimum:
+        raise ValueError(
+            f"{name} must be a whole number >= {minimum} (or {auto} for automatic), got {number:g}"
+        )
+    return int(number)
+
+
+def required_int(value: float | str | None, name: str, minimum: int = 1) -> int:
+    """A form number that must be a whole number >= minimum."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}") from None
+    if number != int(number) or number < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {number:g}")
+    return int(number)
+
+
+def gib(nbytes: float | None) -> str:
+    return "–" if nbytes is None else f"{nbytes / GIB:,.2f} GiB"
+
+
+def tok_s(rate: float | None) -> str:
+    return "–" if rate is None else f"{rate:,.1f} tok/s"
+
+
+def ms(seconds: float | None) -> str:
+    return "–" if seconds is None else f"{seconds * 1000:,.0f} ms"
+
+
+def usd_per_m(cost: float | None) -> str:
+    return "–" if cost is None else f"${cost:,.3f} / 1M tok"
+
+
+def percent(fraction: float | None) -> str:
+    return "–" if fraction is None else f"{fraction * 100:.1f} %"

@@ -1,0 +1,137 @@
+"""Export tab: launch configs for the engines people deploy, from the Plan tab's plan (backend.export)."""
+
+from __future__ import annotations
+
+import html
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from ui.common import AppContext, describe, error_message, ok_message, required_int
+
+LANGUAGES = {
+    ".sh": "shell",
+    ".yaml": "yaml",
+    ".yml": "yaml",
+    ".json": "json",
+    ".py": "python",
+    ".md": "markdown",
+    ".toml": "yaml",
+    ".txt": None,
+    "Dockerfile": "dockerfile",
+    "Modelfile": "dockerfile",
+}
+
+
+def language_of(path: str) -> str | None:
+    name = Path(path).name
+    return LANGUAGES.get(name, LANGUAGES.get(Path(path).suffix))
+
+
+def plan_summary(plan: dict[str, Any] | None) -> str:
+    if not plan:
+        return error_message("no plan yet: the export uses the Plan tab's model, GPUs and workload")
+    return (
+        f"<div class='msg msg-info'>Exporting the plan: <b>{html.escape(plan['model'])}</b> on "
+        f"{plan['num_gpus']} × {html.escape(plan['gpu'])}, {html.escape(plan['quant'])}, "
+        f"max_model_len {plan['max_model_len'] or 'model limit'}</div>"
+    )
+
+
+def export_plan(
+    plan: dict[str, Any] | None,
+    engines: list[str],
+    formats: list[str],
+    host: str,
+    port: Any,
+    served_name: str,
+    api_key_env: str,
+    speculative: str,
+) -> tuple:
+    """(files state, file picker, preview, zip path, message) for the current plan."""
+    from backend.export import ExportOptions, export_files, zip_files
+    from backend.planner import PlanRequest
+
+    none = (gr.skip(),) * 4
+    if not plan:
+        return *none, error_message("no plan yet: fill in the Plan tab first")
+    if not engines:
+        return *none, error_message("choose at least one engine")
+    try:
+        options = ExportOptions(
+            host=(host or "").strip(),
+            port=required_int(port, "port"),
+            served_model_name=(served_name or "").strip() or None,
+            api_key_env=(api_key_env or "").strip() or None,
+            speculative_method=None if speculative == "off" else speculative,
+        )
+        files = export_files(PlanRequest(**plan), options, engines=list(engines), formats=list(formats or []))
+    except Exception as exc:  # impossible combinations and bad values come back as ValueError with the reason
+        return *none, error_message(describe(exc))
+    folder = Path(tempfile.mkdtemp(prefix="export-"))
+    archive = folder / "deploy.zip"
+    archive.write_bytes(zip_files(files))
+    names = sorted(files)
+    first = next((n for n in names if n.endswith("launch.sh")), names[0])  # the command people came for
+    return (
+        files,
+        gr.update(choices=names, value=first),
+        gr.update(value=files[first], language=language_of(first)),
+        str(archive),
+        ok_message(f"{len(files)} files ready; pick one to preview, or download them all"),
+    )
+
+
+def preview(files: dict[str, str] | None, name: str | None) -> Any:
+    if not files or name not in files:
+        return gr.skip()
+    return gr.update(value=files[name], language=language_of(name))
+
+
+def build(ctx: AppContext, plan_state: gr.State) -> None:
+    from backend.export import ENGINES, FORMATS
+
+    files = gr.State({})
+    summary = gr.HTML(plan_summary(None), elem_id="export-plan")
+    with gr.Row():
+        with gr.Column(scale=2):
+            engines = gr.CheckboxGroup(
+                list(ENGINES), value=["vllm"], label="Engines", elem_id="export-engines"
+            )
+            formats = gr.CheckboxGroup(
+                list(FORMATS),
+                value=[f for f in ("shell", "compose") if f in FORMATS],
+                label="Formats",
+                elem_id="export-formats",
+            )
+            with gr.Row():
+                host = gr.Textbox("127.0.0.1", label="Bind address (containers use 0.0.0.0 inside)")
+                port = gr.Number(8000, label="Port", precision=0)
+            with gr.Row():
+                served = gr.Textbox("", label="served_model_name (empty = model id)")
+                api_key = gr.Textbox("", label="API key env var (e.g. VLLM_API_KEY; empty = no key)")
+            speculative = gr.Dropdown(
+                ["off", "ngram", "eagle3", "draft_model"], value="off", label="Speculative decoding"
+            )
+            generate = gr.Button("Generate files", variant="primary", elem_id="export-generate")
+            message = gr.HTML(elem_id="export-message")
+            download = gr.DownloadButton("Download all (.zip)", elem_id="export-download")
+        with gr.Column(scale=3):
+            picker = gr.Dropdown([], label="File", elem_id="export-file")
+            code = gr.Code(
+                label="Preview",
+                lines=22,
+                max_lines=40,
+                buttons=["copy"],
+                interactive=False,
+                elem_id="export-preview",
+            )
+    generate.click(
+        export_plan,
+        [plan_state, engines, formats, host, port, served, api_key, speculative],
+        [files, picker, code, download, message],
+    )
+    picker.change(preview, [files, picker], code)
+    plan_state.change(plan_summary, plan_state, summary)

@@ -1,0 +1,239 @@
+"""Plan tab: model, quantization, GPUs and workload in; memory, fit, speed and cost out (backend.planner)."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import gradio as gr
+
+from backend.planner.request import ENGINES
+from ui import charts
+from ui.common import (
+    AppContext,
+    describe,
+    error_message,
+    gib,
+    info_message,
+    ms,
+    optional_int,
+    required_int,
+    tok_s,
+    usd_per_m,
+)
+
+DEFAULT_PRESET = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def plan_request(
+    model,
+    gpu,
+    num_gpus,
+    tp,
+    pp,
+    quant,
+    kv_dtype,
+    max_model_len,
+    input_len,
+    output_len,
+    concurrency,
+    utilization,
+    engine,
+):
+    """The form as a PlanRequest; ValueError naming the field for anything the form cannot hold."""
+    from backend.planner import PlanRequest
+
+    if not (model or "").strip():
+        raise ValueError("model is required: a preset, a Hub id, a local folder or a .gguf file")
+    return PlanRequest(
+        model=model.strip(),
+        gpu=gpu,
+        num_gpus=required_int(num_gpus, "number of GPUs"),
+        tp=optional_int(tp, "tensor parallel size"),
+        pp=required_int(pp, "pipeline parallel size"),
+        quant=quant,
+        kv_cache_dtype=kv_dtype,
+        max_model_len=optional_int(max_model_len, "max_model_len"),
+        input_len=required_int(input_len, "input length (tokens)"),
+        output_len=required_int(output_len, "output length (tokens)"),
+        concurrency=required_int(concurrency, "concurrency"),
+        gpu_memory_utilization=float(utilization),
+        engine=engine,
+    )
+
+
+def kpi_html(est: dict[str, Any]) -> str:
+    cells = [
+        ("KV cache", f"{gib(est['kv_cache_bytes'])} · {est['kv_cache_tokens']:,} tokens"),
+        ("Max concurrency", f"{est['max_concurrency']:,} requests"),
+        ("Longest single request", f"{est['max_model_len_single']:,} tokens"),
+        ("Prefill", tok_s(est["prefill_tokens_per_s"])),
+        ("Time to first token", ms(est["ttft_s"])),
+        ("Decode per request", tok_s(est["decode_tokens_per_s_per_seq"])),
+        ("Decode, all requests", tok_s(est["decode_tokens_per_s_total"])),
+        ("Cost, output", usd_per_m(est["cost_per_million_output_tokens"])),
+        ("Cost, input", usd_per_m(est.get("cost_per_million_input_tokens"))),
+        ("Memory per GPU", f"{gib(est['total_bytes_per_gpu'])} of {gib(est.get('gpu_memory_bytes'))}"),
+    ]
+    body = "".join(f"<div class='kpi'><span>{name}</span><b>{value}</b></div>" for name, value in cells)
+    return f"<div class='kpis' id='plan-kpi-grid'>{body}</div>"
+
+
+def badge_html(est: dict[str, Any]) -> str:
+    if est["fits"]:
+        badge = "<span class='badge badge-fits'>✓ Fits</span>"
+    else:
+        badge = "<span class='badge badge-nofit'>✗ Does not fit</span>"
+    badge += f" <span id='plan-fit-reason'>{html.escape(est['fit_reason'])}</span>"
+    notes = [*est.get("fixes", []), *est.get("warnings", [])]
+    return badge + "".join(f"<div class='msg msg-info'>{html.escape(n)}</div>" for n in notes)
+
+
+def estimate_plan(*form):
+    """Handler for every input change.
+
+    Returns (badge, kpis, memory figure, GPU comparison, recommendation, message, plan as a dict)."""
+    from backend.planner import compare_gpus, estimate, recommend
+
+    try:
+        req = plan_request(*form[:13])
+        est = estimate(req).to_dict()
+        rows = [e.to_dict() for e in compare_gpus(req)]
+        best = recommend(req, ttft_s=_seconds(form[13]), tpot_s=_seconds(form[14]))
+    # every planner error (unknown model or GPU, lengths beyond the model's limit) becomes the message
+    except Exception as exc:
+        message = error_message(describe(exc))
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), message, gr.skip()
+    if best is None:
+        rec = (
+            "**Recommendation:** no catalog GPU meets these targets; relax the TTFT/TPOT targets or quantize."
+        )
+    else:
+        b = best.to_dict()
+        rec = (
+            f"**Recommendation** (cheapest that fits the workload and targets): "
+            f"{b['num_gpus']} × {b['gpu']}, {b['quant']} — "
+            f"{tok_s(b['decode_tokens_per_s_total'])}, {usd_per_m(b['cost_per_million_output_tokens'])}"
+        )
+    return (
+        badge_html(est),
+        kpi_html(est),
+        charts.memory_figure(est, req.gpu),
+        charts.gpu_compare_figure(rows),
+        rec,
+        "",
+        req.to_dict(),
+    )
+
+
+def _seconds(milliseconds: float | None) -> float | None:
+    return None if milliseconds in (None, 0) else float(milliseconds) / 1000
+
+
+def hub_status() -> tuple:
+    """(badge, search box, search button): Hub search only where the Hub answers."""
+    from backend.default_model import hub_reachable
+
+    if hub_reachable(timeout=2.0):
+        return (
+            "<span class='badge badge-online'>Hub online: search models by name</span>",
+            gr.skip(),
+            gr.skip(),
+        )
+    badge = (
+        "<span class='badge badge-offline'>Offline: the Hugging Face Hub is unreachable</span> "
+        "presets, local model folders and .gguf files still work"
+    )
+    off = "Hub unreachable: pick a preset or type a local path in Model"
+    return badge, gr.update(interactive=False, placeholder=off), gr.update(interactive=False)
+
+
+def search_hub(query: str):
+    """Model ids on the Hub matching query (text-generation), as new dropdown choices."""
+    from huggingface_hub import HfApi
+
+    if not (query or "").strip():
+        return gr.skip(), error_message("type part of a model name to search, e.g. 'qwen2.5 7b'")
+    try:
+        ids = [
+            m.id for m in HfApi().list_models(search=query.strip(), pipeline_tag="text-generation", limit=25)
+        ]
+    except Exception as exc:  # offline or Hub error
+        return gr.skip(), error_message(f"Hub search failed ({describe(exc)}); type a local path or a preset")
+    if not ids:
+        return gr.skip(), info_message(f"no text-generation model matches {query!r}")
+    return gr.update(choices=ids, value=ids[0]), info_message(f"{len(ids)} models found; pick one")
+
+
+def build(ctx: AppContext, demo: gr.Blocks) -> gr.State:
+    """The Plan tab; returns the state holding the last valid PlanRequest (as a dict) for other tabs."""
+    from backend.planner import list_gpus, list_kv_cache_dtypes, list_presets, list_quantizations
+
+    presets = list_presets()
+    plan_state = gr.State(None)
+    with gr.Row():
+        with gr.Column(scale=2):
+            hub = gr.HTML(elem_id="hub-badge")
+            model = gr.Dropdown(
+                [*presets, ctx.default_model],
+                value=DEFAULT_PRESET,
+                label="Model",
+                allow_custom_value=True,
+                info="a preset, a Hub id, a local model folder or a .gguf file",
+                elem_id="plan-model",
+            )
+            with gr.Row():
+                query = gr.Textbox(label="Search the Hub", placeholder="e.g. llama 3.1 8b", scale=3)
+                search = gr.Button("Search", scale=1)
+            with gr.Row():
+                quant = gr.Dropdown(list_quantizations(), value="bf16", label="Weights (quantization)")
+                kv_dtype = gr.Dropdown(list_kv_cache_dtypes(), value="auto", label="KV cache dtype")
+            with gr.Row():
+                gpu = gr.Dropdown(
+                    list_gpus(), value="H100-80GB", label="GPU", allow_custom_value=True, elem_id="plan-gpu"
+                )
+                num_gpus = gr.Number(1, label="GPUs", precision=0)
+                tp = gr.Number(0, label="Tensor parallel (0 = all GPUs)", precision=0)
+                pp = gr.Number(1, label="Pipeline parallel", precision=0)
+            with gr.Row():
+                max_len = gr.Number(0, label="max_model_len (0 = model limit)", precision=0)
+                input_len = gr.Number(1024, label="Input tokens / request", precision=0)
+                output_len = gr.Number(256, label="Output tokens / request", precision=0)
+                concurrency = gr.Number(16, label="Concurrent requests", precision=0)
+            with gr.Row():
+                util = gr.Slider(0.5, 1.0, value=0.92, step=0.01, label="gpu_memory_utilization")
+                engine = gr.Dropdown(list(ENGINES), value="vllm", label="Serving engine")
+            with gr.Row():
+                ttft = gr.Number(0, label="Target TTFT (ms, 0 = none)")
+                tpot = gr.Number(0, label="Target time per output token (ms, 0 = none)")
+            message = gr.HTML(elem_id="plan-message")
+        with gr.Column(scale=3):
+            badge = gr.HTML(elem_id="plan-badge")
+            kpis = gr.HTML(elem_id="plan-kpis")
+            memory = gr.Plot(label="Memory per GPU", elem_id="plan-memory")
+    compare = gr.Plot(label="GPU comparison", elem_id="plan-compare")
+    recommendation = gr.Markdown(elem_id="plan-recommendation")
+
+    form = [
+        model,
+        gpu,
+        num_gpus,
+        tp,
+        pp,
+        quant,
+        kv_dtype,
+        max_len,
+        input_len,
+        output_len,
+        concurrency,
+        util,
+        engine,
+        ttft,
+        tpot,
+    ]
+    outputs = [badge, kpis, memory, compare, recommendation, message, plan_state]
+    for control in form:
+        control.change(estimate_plan, form, outputs, show_progress="hidden")
+    search.click(search_hub, query, [model, message])
+    demo.load(estimate_plan, form, outputs).then(hub_status, None, [hub, query, search])
+    return plan_state

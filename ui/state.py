@@ -1,0 +1,143 @@
+"""The one embedded engine of this process, shared by every browser tab and by the /v1 server.
+
+EngineHolder owns the AsyncLLM: launch, stop and relaunch are serialised by a lock, a failed load is
+kept as an error message (the UI shows it and offers Launch again), and the live-chart history is
+sampled here once for all viewers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from backend.engine import AsyncLLM
+
+HISTORY_SECONDS = 180  # live charts keep about three minutes of one-per-second samples
+
+
+@dataclass(slots=True)
+class LaunchConfig:
+    """Arguments of backend.engine.LLM, named as in vLLM."""
+
+    model: str
+    dtype: str = "auto"
+    device: str = "auto"
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    trust_remote_code: bool = False
+
+
+@dataclass(slots=True)
+class EngineStatus:
+    state: str  # "stopped" | "loading" | "ready" | "failed"
+    config: LaunchConfig | None
+    error: str
+    load_seconds: float  # time spent loading (so far, while loading)
+
+
+def build_engine(config: LaunchConfig) -> AsyncLLM:
+    from backend.engine import LLM, AsyncLLM
+
+    return AsyncLLM(LLM(**asdict(config)))
+
+
+class EngineHolder:
+    """Launch / stop / relaunch the embedded engine safely from any thread."""
+
+    def __init__(self, engine_factory: Callable[[LaunchConfig], AsyncLLM] = build_engine) -> None:
+        self._factory = engine_factory
+        self._lock = threading.Lock()
+        self._engine: AsyncLLM | None = None
+        self._state = "stopped"
+        self._config: LaunchConfig | None = None
+        self._error = ""
+        self._load_started = 0.0
+        self._load_seconds = 0.0
+        self._samples: deque[dict[str, Any]] = deque(maxlen=HISTORY_SECONDS)
+        self._last_stats: dict[str, Any] | None = None
+
+    def get(self) -> AsyncLLM | None:
+        """The running engine, or None (the server answers 503, the chat says how to launch)."""
+        return self._engine
+
+    def status(self) -> EngineStatus:
+        seconds = time.monotonic() - self._load_started if self._state == "loading" else self._load_seconds
+        return EngineStatus(self._state, self._config, self._error, seconds)
+
+    def launch(self, config: LaunchConfig) -> EngineStatus:
+        """Stop the current engine (if any) and load a new one. Never raises for a failed load:
+        the error is kept in the status. Raises RuntimeError if another launch is still loading."""
+        with self._lock:
+            if self._state == "loading":
+                raise RuntimeError("another launch is still loading; wait for it to finish")
+            old, self._engine = self._engine, None
+            self._state, self._config, self._error = "loading", config, ""
+            self._load_started = time.monotonic()
+            self._samples.clear()
+            self._last_stats = None
+        if old is not None:
+            old.shutdown()
+        try:
+            engine = self._factory(config)
+        except Exception as exc:  # any load failure (bad path, OOM, unsupported model) is shown, not raised
+            with self._lock:
+                self._state, self._error = "failed", f"{type(exc).__name__}: {exc}"
+                self._load_seconds = time.monotonic() - self._load_started
+            return self.status()
+        with self._lock:
+            self._engine, self._state = engine, "ready"
+            self._load_seconds = time.monotonic() - self._load_started
+        return self.status()
+
+    def stop(self) -> EngineStatus:
+        with self._lock:
+            if self._state == "loading":
+                raise RuntimeError("the engine is still loading; stop it once it is ready")
+            old, self._engine = self._engine, None
+            self._state, self._error = "stopped", ""
+        if old is not None:
+            old.shutdown()
+        return self.status()
+
+    def stats(self) -> dict[str, Any] | None:
+        """engine.stats() of the running engine, or None."""
+        engine = self._engine
+        if engine is None:
+            return None
+        stats = engine.stats()
+        self._last_stats = stats
+        return stats
+
+    def samples(self, min_interval_s: float = 0.8) -> list[dict[str, Any]]:
+        """Normalised samples (backend.bench.monitor keys) for the live charts, newest last.
+
+        Every viewer calls this about once a second; a new sample is taken at most every min_interval_s,
+        so many open tabs do not multiply the work or distort the rates."""
+        from backend.bench.monitor import sample_from_stats
+
+        with self._lock:
+            engine = self._engine
+            last = self._samples[-1] if self._samples else None
+            if engine is not None and (last is None or time.time() - last["timestamp"] >= min_interval_s):
+                self._last_stats = engine.stats()
+                self._samples.append(sample_from_stats(self._last_stats, last))
+            return list(self._samples)
+
+    def last_stats(self) -> dict[str, Any] | None:
+        return self._last_stats
+
+    def shutdown(self) -> None:
+        """Stop the engine at process exit."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.shutdown()
