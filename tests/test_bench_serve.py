@@ -84,7 +84,7 @@ def test_chat_benchmark_reports_every_field_and_exact_token_counts(served):
     assert data["mean_e2el_ms"] > data["mean_ttft_ms"]
     assert len(data["itls"]) == 12 and all(len(gaps) >= 1 for gaps in data["itls"])
     assert calls == [(i, 12) for i in range(1, 13)]
-    json.dumps(data)
+    assert json.loads(json.dumps(data, allow_nan=False))["config"]["request_rate"] == "inf"
     fig = latency_figure(result)
     assert [t.name for t in fig.data] == ["TTFT", "TPOT", "ITL", "E2EL"]
     assert len(fig.data[0].x) == 12

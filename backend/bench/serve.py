@@ -170,9 +170,13 @@ async def _run(config: BenchConfig, requests: list[SampleRequest], progress) -> 
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
     totals, stats = summarize(results, duration)
-    return BenchResult(
-        config=asdict(config) | {"api_key": None}, percentiles=stats, requests=results, **totals
-    )
+    return BenchResult(config=_config_dict(config), percentiles=stats, requests=results, **totals)
+
+
+def _config_dict(config: BenchConfig) -> dict:
+    """The config for the JSON output: strict JSON (inf as "inf", like vLLM), never the API key."""
+    rate = "inf" if math.isinf(config.request_rate) else config.request_rate
+    return asdict(config) | {"api_key": None, "request_rate": rate}
 
 
 def run_benchmark(config: BenchConfig, progress: Callable[[int, int], None] | None = None) -> BenchResult:
