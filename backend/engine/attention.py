@@ -1,7 +1,10 @@
 """Paged attention in pure PyTorch: write the step's K/V into the block pool, read it back per block table.
 
-Decodes (one query token each) are batched into one scaled_dot_product_attention over their gathered,
-padded KV; each prefill chunk attends to its cached prefix plus itself with a causal mask.
+The pool of one layer is [num_kv_heads, num_blocks, block_size, head_dim], so gathering a block table
+gives each KV head's keys as one contiguous [tokens, head_dim] matrix. Decodes (one query token each) are
+batched into one scaled_dot_product_attention over their gathered, padded KV, with the query heads of a
+GQA group as the query rows of their KV head (no KV repeat); each prefill chunk attends to its cached
+prefix plus itself with a causal mask. Masks and gather buffers are built once per step, for all layers.
 """
 
 from __future__ import annotations
@@ -17,61 +20,74 @@ class PrefillChunk:
     start: int  # first row of this chunk in the step's packed tokens
     end: int
     num_cached: int  # tokens already in the cache before this chunk
-    block_table: torch.Tensor  # [num_blocks_needed] block ids covering num_cached + (end - start)
+    block_rows: torch.Tensor | None  # pool_rows of the blocks covering num_cached + (end - start)
+    mask: torch.Tensor | None  # [n, num_cached + n], True = attend; None when num_cached == 0
 
 
 @dataclass(slots=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] flat slot in the pool for each token's K/V
     num_decodes: int  # the first num_decodes tokens are decodes, one per sequence
-    decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks], padded with block 0
+    decode_rows: torch.Tensor | None  # pool_rows of the block tables, each padded to max_blocks with block 0
     decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size], True = attend
     prefills: list[PrefillChunk]
+    gather_buffers: tuple[torch.Tensor, torch.Tensor] | None  # flat scratch for gathered K and V
+
+
+def pool_rows(block_ids: list[int], num_kv_heads: int, num_blocks: int, device: torch.device) -> torch.Tensor:
+    """Rows of the pool viewed as [KVH * num_blocks, block_size * D] holding block_ids, head by head."""
+    ids = torch.tensor(block_ids, device=device)
+    return (torch.arange(num_kv_heads, device=device)[:, None] * num_blocks + ids[None, :]).flatten()
+
+
+def gather_blocks(cache: torch.Tensor, rows: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
+    """cache [KVH, num_blocks, block_size, D] -> [KVH, blocks * block_size, D] (rows from pool_rows)."""
+    kv_heads, num_blocks, block_size, head_dim = cache.shape
+    out = buffer[: rows.numel() * block_size * head_dim].view(rows.numel(), block_size * head_dim)
+    torch.index_select(cache.view(kv_heads * num_blocks, -1), 0, rows, out=out)
+    return out.view(kv_heads, -1, head_dim)
 
 
 def paged_attention(
     q: torch.Tensor,  # [T, H, D]
     k: torch.Tensor,  # [T, KVH, D]
     v: torch.Tensor,
-    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+    k_cache: torch.Tensor,  # [KVH, num_blocks, block_size, D]
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+    num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], k.shape[2]
+    k_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+    v_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
     out = torch.empty_like(q)
     b = meta.num_decodes
     if b:
-        keys = k_cache[meta.decode_block_tables].view(b, -1, num_kv_heads, head_dim).transpose(1, 2)
-        values = v_cache[meta.decode_block_tables].view(b, -1, num_kv_heads, head_dim).transpose(1, 2)
-        o = F.scaled_dot_product_attention(
-            q[:b].unsqueeze(2), keys, values, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
-        )
-        out[:b] = o.squeeze(2)
+        k_buffer, v_buffer = meta.gather_buffers
+        shape = (num_kv_heads, b, -1, head_dim)
+        keys = gather_blocks(k_cache, meta.decode_rows, k_buffer).view(shape).transpose(0, 1)
+        values = gather_blocks(v_cache, meta.decode_rows, v_buffer).view(shape).transpose(0, 1)
+        query = q[:b].view(b, num_kv_heads, num_heads // num_kv_heads, head_dim)
+        o = F.scaled_dot_product_attention(query, keys, values, attn_mask=meta.decode_mask, scale=scale)
+        out[:b] = o.view(b, num_heads, head_dim)
     for chunk in meta.prefills:
         query = q[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-        n = chunk.end - chunk.start
-        if chunk.num_cached == 0:  # the whole context is in this chunk: plain causal attention
+        if chunk.mask is None:  # the whole context is in this chunk: plain causal attention
             keys = k[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
             values = v[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
-            o = F.scaled_dot_product_attention(
-                query, keys, values, is_causal=True, scale=scale, enable_gqa=True
-            )
         else:
-            total = chunk.num_cached + n
-            keys = k_cache[chunk.block_table].view(-1, num_kv_heads, head_dim)[:total]
-            values = v_cache[chunk.block_table].view(-1, num_kv_heads, head_dim)[:total]
-            rows = torch.arange(chunk.num_cached, total, device=q.device)[:, None]
-            mask = torch.arange(total, device=q.device)[None, :] <= rows
-            o = F.scaled_dot_product_attention(
-                query,
-                keys.transpose(0, 1).unsqueeze(0),
-                values.transpose(0, 1).unsqueeze(0),
-                attn_mask=mask,
-                scale=scale,
-                enable_gqa=True,
-            )
+            k_buffer, v_buffer = meta.gather_buffers
+            total = chunk.mask.shape[1]
+            keys = gather_blocks(k_cache, chunk.block_rows, k_buffer)[:, :total].unsqueeze(0)
+            values = gather_blocks(v_cache, chunk.block_rows, v_buffer)[:, :total].unsqueeze(0)
+        o = F.scaled_dot_product_attention(
+            query,
+            keys,
+            values,
+            attn_mask=chunk.mask,
+            is_causal=chunk.mask is None,
+            scale=scale,
+            enable_gqa=True,
+        )
         out[chunk.start : chunk.end] = o[0].transpose(0, 1)
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from backend.engine.attention import AttentionMetadata, PrefillChunk
+from backend.engine.attention import AttentionMetadata, PrefillChunk, pool_rows
 from backend.engine.models.llama import LlamaForCausalLM
 from backend.engine.scheduler import ScheduledSeq
 
@@ -16,7 +16,7 @@ class ModelRunner:
         self.device = model.embed_tokens.weight.device
         self.dtype = model.embed_tokens.weight.dtype
         self.block_size = block_size
-        shape = (num_blocks, block_size, args.num_kv_heads, args.head_dim)
+        shape = (args.num_kv_heads, num_blocks, block_size, args.head_dim)
         self.kv_caches = [
             (
                 torch.zeros(shape, dtype=self.dtype, device=self.device),
@@ -47,6 +47,8 @@ class ModelRunner:
         slots: list[int] = []
         logits_rows: list[int] = []
         chunks: list[PrefillChunk] = []
+        gather_blocks = 0  # the most blocks one layer gathers this step
+        pool_shape = self.kv_caches[0][0].shape[:2]  # (num_kv_heads, num_blocks)
         for item in ordered:
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_new_tokens
@@ -56,27 +58,41 @@ class ModelRunner:
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             if item.num_new_tokens > 1:
-                table_tensor = torch.tensor(table[: -(-end // bs)], device=self.device)
-                chunks.append(PrefillChunk(row, row + item.num_new_tokens, start, table_tensor))
+                rows = mask = None
+                if start:
+                    num_blocks = -(-end // bs)
+                    rows = pool_rows(table[:num_blocks], *pool_shape, self.device)
+                    mask = torch.arange(end, device=self.device)[None, :] <= torch.arange(start, end)[:, None]
+                    gather_blocks = max(gather_blocks, num_blocks)
+                chunks.append(PrefillChunk(row, row + item.num_new_tokens, start, rows, mask))
             if item.samples:
                 logits_rows.append(len(input_ids) - 1)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, device=self.device),
             num_decodes=len(decodes),
-            decode_block_tables=None,
+            decode_rows=None,
             decode_mask=None,
             prefills=chunks,
+            gather_buffers=None,
         )
         if decodes:
             context_lens = [s.seq.num_computed_tokens + 1 for s in decodes]
             max_blocks = -(-max(context_lens) // bs)
-            tables = [
-                s.seq.block_table[:max_blocks] + [0] * (max_blocks - len(s.seq.block_table)) for s in decodes
-            ]
-            meta.decode_block_tables = torch.tensor(tables, device=self.device)
+            padded: list[int] = []
+            for s in decodes:
+                table = s.seq.block_table[:max_blocks]
+                padded += table + [0] * (max_blocks - len(table))
+            meta.decode_rows = pool_rows(padded, *pool_shape, self.device)
             lens = torch.tensor(context_lens, device=self.device)
             key_pos = torch.arange(max_blocks * bs, device=self.device)
             meta.decode_mask = (key_pos[None, :] < lens[:, None])[:, None, None, :]
+            gather_blocks = max(gather_blocks, len(decodes) * max_blocks)
+        if gather_blocks:
+            size = gather_blocks * self.kv_caches[0][0][:, 0].numel()
+            meta.gather_buffers = (
+                torch.empty(size, dtype=self.dtype, device=self.device),
+                torch.empty(size, dtype=self.dtype, device=self.device),
+            )
         logits = self.model(
             torch.tensor(input_ids, device=self.device),
             torch.tensor(positions, device=self.device),

@@ -1,7 +1,8 @@
 """Where the memory of one GPU goes: weights, KV cache, activations, runtime overhead, CUDA graphs.
 
 Every function is pure. Figures are per GPU unless a name says otherwise. Each engine's accounting is
-in kv_budget_bytes(); the constants below are explained, with their sources, in docs/planner.md.
+in kv_budget_bytes(); the constants below are explained, with their sources, in the README
+("How the estimate is computed").
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Roofline speed and cost: prefill is bound by FLOPs, decode by memory bandwidth (weights + KV reads).
 
-Efficiencies are stated constants (docs/planner.md gives their sources and the error to expect).
+Efficiencies are stated constants; the README section "How the estimate is computed" gives their sources
+and the error to expect.
 """
 
 from __future__ import annotations
