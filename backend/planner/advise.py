@@ -29,6 +29,20 @@ def _tp_options(spec: ModelSpec, above: int) -> list[int]:
     return [n for n in GPU_COUNTS if n > above and spec.num_attention_heads % n == 0]
 
 
+def _fit_with(req: PlanRequest, spec: ModelSpec, **changes) -> tuple[Estimate, str] | None:
+    """The plan with `changes` if it fits, else with max_model_len lowered to what then fits
+    (when that still holds one input_len + output_len request); the suffix names the second change."""
+    trial = _try(req, spec, **changes)
+    if trial is None or trial.fits:
+        return (trial, "") if trial else None
+    length = trial.max_model_len_single
+    if trial.kv_cache_bytes > 0 and length >= req.input_len + req.output_len:
+        shorter = _try(req, spec, **changes, max_model_len=length)
+        if shorter and shorter.fits:
+            return shorter, f" and lower max_model_len to {length}"
+    return None
+
+
 def suggest_fixes(req: PlanRequest, spec: ModelSpec, est: Estimate) -> list[str]:
     """Concrete changes, each checked by re-estimating, that make a plan fit."""
     fixes: list[str] = []
@@ -38,31 +52,22 @@ def suggest_fixes(req: PlanRequest, spec: ModelSpec, est: Estimate) -> list[str]
     for quant in [q for q in smaller if q.bits < current_bits and req.engine in q.engines]:
         if quant.name.startswith("gguf-") and not gguf_ok:
             continue
-        trial = _try(req, spec, quant=quant.name)
-        if trial and trial.fits:
+        if found := _fit_with(req, spec, quant=quant.name):
+            trial, also = found
             fixes.append(
-                f"quantize to {quant.name} ({quant.label}): "
+                f"quantize to {quant.name} ({quant.label}){also}: "
                 f"weights {trial.weights_bytes / GIB:.1f} GiB per GPU"
             )
             break
-        needed = req.input_len + req.output_len
-        if trial and trial.kv_cache_bytes > 0 and trial.max_model_len_single >= needed:
-            shorter = _try(req, spec, quant=quant.name, max_model_len=trial.max_model_len_single)
-            if shorter and shorter.fits:
-                fixes.append(
-                    f"quantize to {quant.name} and lower max_model_len to {trial.max_model_len_single}: "
-                    f"weights {trial.weights_bytes / GIB:.1f} GiB per GPU"
-                )
-                break
     if req.kv_cache_dtype in ("auto", "bf16", "fp16") and req.engine in ("vllm", "sglang", "trtllm", "tgi"):
         trial = _try(req, spec, kv_cache_dtype="fp8")
         if trial and trial.fits:
             fixes.append("use an fp8 KV cache (--kv-cache-dtype fp8): half the KV bytes per token")
     for tp in _tp_options(spec, est.tp):
-        trial = _try(req, spec, tp=tp, num_gpus=tp * req.pp)
-        if trial and trial.fits:
+        if found := _fit_with(req, spec, tp=tp, num_gpus=tp * req.pp):
+            trial, also = found
             fixes.append(
-                f"use tensor parallel TP={tp} on {tp * req.pp} x {est.gpu}: weights "
+                f"use tensor parallel TP={tp} on {tp * req.pp} x {est.gpu}{also}: weights "
                 f"{trial.weights_bytes / GIB:.1f} GiB per GPU"
             )
             break
