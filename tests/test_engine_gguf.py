@@ -1,11 +1,16 @@
 """The default model (SmolLM2-135M-Instruct, GGUF Q4_1) through the engine against transformers on the
 same dequantized weights: identical greedy tokens in fp32; in bf16 the first differing token of each
-prompt is within the other side's top-5."""
+prompt is within the other side's top-5.
+
+Parsing the GGUF file dominates this module's time, so it is read twice: by transformers for the
+reference, and by the engine's GGUF loader for the fp32 check. The bf16 engine loads the reference's
+dequantized weights saved as safetensors (the same weights, without a third parse)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from backend.default_model import default_model
 from backend.engine import LLM, SamplingParams
@@ -27,8 +32,9 @@ QUESTIONS = [
 
 
 @pytest.fixture(scope="module")
-def reference():
-    """(prompts, transformers fp32 greedy tokens, their per-step log-probabilities)."""
+def reference(tmp_path_factory):
+    """(prompts, transformers fp32 greedy tokens, their per-step log-probabilities, a model folder
+    holding transformers' dequantized weights)."""
     model, tokenizer = load_hf_model(default_model(check_hub=False), torch.float32)
     prompts, tokens, logprobs = [], [], []
     for question in QUESTIONS:
@@ -50,29 +56,38 @@ def reference():
         prompts.append(ids)
         tokens.append(out.sequences[0, len(ids) :].tolist())
         logprobs.append([step[0].float().log_softmax(-1) for step in out.logits])
-    return prompts, tokens, logprobs
+    folder = tmp_path_factory.mktemp("smollm2-dequantized")
+    state = model.state_dict()
+    if model.config.tie_word_embeddings:
+        del state["lm_head.weight"]  # the same tensor as the embedding
+    save_file({name: t.contiguous() for name, t in state.items()}, folder / "model.safetensors")
+    model.config.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return prompts, tokens, logprobs, str(folder)
 
 
-def engine_outputs(dtype: str, prompts: list[list[int]], logprobs: int | None = None):
-    llm = LLM(default_model(check_hub=False), dtype=dtype, max_model_len=1024, max_num_seqs=8)
-    assert llm.model_name == "SmolLM2-135M-Instruct"
+def engine_outputs(model: str, dtype: str, prompts: list[list[int]], logprobs: int | None = None):
+    llm = LLM(model, dtype=dtype, max_model_len=1024, max_num_seqs=8)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=logprobs)
     outs = llm.generate(prompts, params)
     assert_engine_clean(llm)
+    if model.endswith(".gguf"):
+        assert llm.model_name == "SmolLM2-135M-Instruct"
     return [out.outputs[0] for out in outs]
 
 
 def test_fp32_is_token_identical_to_transformers(reference):
-    prompts, tokens, _ = reference
+    prompts, tokens, _, _ = reference
     assert len({len(p) for p in prompts}) >= 6  # varied lengths
-    outs = engine_outputs("float32", prompts)
+    outs = engine_outputs(default_model(check_hub=False), "float32", prompts)
     assert [out.token_ids for out in outs] == tokens
     assert "Paris" in outs[1].text
 
 
 def test_bf16_differs_only_among_top5_candidates(reference):
-    prompts, tokens, ref_logprobs = reference
-    outs = engine_outputs("bfloat16", prompts, logprobs=5)
+    prompts, tokens, ref_logprobs, folder = reference
+    outs = engine_outputs(folder, "bfloat16", prompts, logprobs=5)
     identical = 0
     for out, ref, ref_lp in zip(outs, tokens, ref_logprobs, strict=True):
         mismatch = next((i for i, (a, b) in enumerate(zip(out.token_ids, ref, strict=True)) if a != b), None)

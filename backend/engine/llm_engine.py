@@ -33,7 +33,7 @@ class LLMEngine:
         )
         self.hf_config = loaded.hf_config
         model = loaded.model
-        self.weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.weights_bytes = model.weights_bytes()
         num_blocks, self.max_model_len = self._size_kv_pool(model)
         cos, sin = rope_tables(self.hf_config, model.args.head_dim, self.max_model_len)
         model.rope_cos, model.rope_sin = cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)

@@ -70,14 +70,17 @@ def architecture_of(hf_config: Any) -> str:
     return arch
 
 
-def read_state_dict(folder: str, gguf_file: str | None, trust_remote_code: bool) -> dict[str, torch.Tensor]:
-    if gguf_file:
-        from transformers import AutoModelForCausalLM
+def read_gguf(folder: str, gguf_file: str, trust_remote_code: bool) -> tuple[Any, dict[str, torch.Tensor]]:
+    """(config, dequantized fp32 state dict) of a GGUF file, from one read of it by transformers."""
+    from transformers import AutoModelForCausalLM
 
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            folder, gguf_file=gguf_file, dtype=torch.float32, trust_remote_code=trust_remote_code
-        )
-        return hf_model.state_dict()
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=gguf_file, dtype=torch.float32, trust_remote_code=trust_remote_code
+    )
+    return hf_model.config, hf_model.state_dict()
+
+
+def read_state_dict(folder: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     root = Path(folder)
@@ -149,16 +152,21 @@ def load_model(
 
     folder, gguf_file = resolve_model(model)
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    hf_config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code, **kwargs)
-    architecture_of(hf_config)  # fail fast, before reading weights
+    if gguf_file:  # parsing a GGUF file is slow: read the config and the weights in one pass
+        hf_config, state = read_gguf(folder, gguf_file, trust_remote_code)
+        architecture_of(hf_config)
+    else:
+        hf_config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+        architecture_of(hf_config)  # fail fast, before reading weights
+        state = read_state_dict(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code, **kwargs)
-    state = read_state_dict(folder, gguf_file, trust_remote_code)
     args = model_args(hf_config, state)
     with torch.device("meta"):
         net = LlamaForCausalLM(args)
     net = net.to_empty(device=device).to(dtype)
     net.load_hf_state_dict(state)
     del state
+    net.pack_weights()
     eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     try:
         gen_eos = GenerationConfig.from_pretrained(folder, **kwargs).eos_token_id

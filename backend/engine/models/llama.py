@@ -33,6 +33,32 @@ class ModelArgs:
     tie_word_embeddings: bool = False
 
 
+class Linear(nn.Linear):
+    """nn.Linear whose weight can be re-laid out once for oneDNN (CPU, bf16): about 2x faster at batch 1.
+
+    pack() replaces the weight by an opaque oneDNN tensor of the same size (packed_weight).
+    """
+
+    packed_weight: torch.Tensor | None = None
+
+    def pack(self) -> None:
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 1)
+        self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed_weight is None:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+
+def can_pack(weight: torch.Tensor) -> bool:
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.bfloat16
+        and torch.backends.mkldnn.is_available()
+    )
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -47,10 +73,12 @@ class RMSNorm(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, D]; cos/sin: [T, 1, D] (the two halves repeated, as in transformers)."""
+    """x: [T, heads, D]; cos/sin: [T, 1, D] with sin's first half negated (see LlamaForCausalLM.forward).
+
+    Equals transformers' x * cos + rotate_half(x) * sin with rotate_half(x) = cat(-x2, x1), exactly.
+    """
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 class Attention(nn.Module):
@@ -59,21 +87,20 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
         self.q_size = args.num_heads * args.head_dim
         self.kv_size = args.num_kv_heads * args.head_dim
-        self.qkv_proj = nn.Linear(args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
+        self.qkv_proj = Linear(args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias)
+        self.o_proj = Linear(self.q_size, args.hidden_size, bias=args.o_bias)
         self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.scale = args.head_dim**-0.5
 
     def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)  # q heads, then k heads
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            qk = torch.cat((self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])), 1)
+        q, k = apply_rope(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         o = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
         return self.o_proj(o.view(t, self.q_size))
 
@@ -82,8 +109,8 @@ class MLP(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.intermediate_size = args.intermediate_size
-        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)
-        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
+        self.gate_up_proj = Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)
+        self.down_proj = Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
@@ -110,9 +137,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.lm_head = (
-            None if args.tie_word_embeddings else nn.Linear(args.hidden_size, args.vocab_size, False)
-        )
+        self.lm_head = None if args.tie_word_embeddings else Linear(args.hidden_size, args.vocab_size, False)
         self.rope_cos = self.rope_sin = torch.empty(0)  # [max_positions, D], set by the loader
 
     def forward(
@@ -125,11 +150,29 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         cos, sin = self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
+        half = sin.shape[-1] // 2
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # folds rotate_half's minus sign in
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x = layer(x, cos, sin, k_cache, v_cache, meta)
         x = self.norm(x[logits_indices])
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(x, weight)
+        return F.linear(x, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(x)
+
+    def weights_bytes(self) -> int:
+        tensors = [*self.parameters()]
+        tensors += [m.packed_weight for m in self.modules() if getattr(m, "packed_weight", None) is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def pack_weights(self) -> None:
+        """Re-lay out every projection for oneDNN when that is faster (CPU, bf16); a tied lm_head gets
+        its own packed copy of the embedding."""
+        if not can_pack(self.embed_tokens.weight):
+            return
+        if self.lm_head is None:
+            self.lm_head = Linear(self.args.hidden_size, self.args.vocab_size, False)
+            self.lm_head.weight = nn.Parameter(self.embed_tokens.weight.detach().clone(), requires_grad=False)
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.pack()
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy a transformers-named state dict in, fusing q/k/v and gate/up."""
