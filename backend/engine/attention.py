@@ -72,7 +72,7 @@ def paged_attention(
         o = F.scaled_dot_product_attention(
             query, keys.float(), values.float(), attn_mask=meta.decode_mask, scale=scale
         )
-        out[:b] = o.view(b, num_heads, head_dim)
+        out[:b] = o.reshape(b, num_heads, head_dim)
     for chunk in meta.prefills:
         query = q[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         if chunk.mask is None:  # the whole context is in this chunk: plain causal attention

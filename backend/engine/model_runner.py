@@ -62,7 +62,8 @@ class ModelRunner:
                 if start:
                     num_blocks = -(-end // bs)
                     rows = pool_rows(table[:num_blocks], *pool_shape, self.device)
-                    mask = torch.arange(end, device=self.device)[None, :] <= torch.arange(start, end)[:, None]
+                    query_pos = torch.arange(start, end, device=self.device)
+                    mask = torch.arange(end, device=self.device)[None, :] <= query_pos[:, None]
                     gather_blocks = max(gather_blocks, num_blocks)
                 chunks.append(PrefillChunk(row, row + item.num_new_tokens, start, rows, mask))
             if item.samples:
