@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from backend.bench.serve import BenchResult
 
-TITLES = {
-    "ttft": "Time to first token",
-    "tpot": "Time per output token",
-    "itl": "Inter-token latency",
-    "e2el": "End-to-end latency",
-}
+# Short names: four subplot titles share one row pair and must not run into each other.
+TITLES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency"}
 
 
 def latency_values_ms(result: BenchResult) -> dict[str, list[float]]:
@@ -30,8 +26,8 @@ def latency_figure(result: BenchResult):
 
     values = latency_values_ms(result)
     p = result.percentiles
-    titles = [f"{TITLES[m]}: p50 {p[f'median_{m}_ms']:.1f} ms, p99 {p[f'p99_{m}_ms']:.1f} ms" for m in TITLES]
-    fig = make_subplots(rows=2, cols=2, subplot_titles=titles)
+    titles = [f"{TITLES[m]}: p50 {p[f'median_{m}_ms']:,.0f} / p99 {p[f'p99_{m}_ms']:,.0f} ms" for m in TITLES]
+    fig = make_subplots(rows=2, cols=2, subplot_titles=titles, horizontal_spacing=0.12, vertical_spacing=0.2)
     for i, metric in enumerate(TITLES):
         fig.add_trace(
             go.Box(x=values[metric], name=metric.upper(), boxpoints="outliers", orientation="h"),

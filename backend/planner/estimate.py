@@ -158,6 +158,9 @@ def estimate_for_spec(req: PlanRequest, spec: ModelSpec) -> Estimate:
         spec, quant, gpu, speed.Parallel(tp, pp), weights_total, batch, ctx_bytes, avg_context
     )
     prefill = speed.prefill_seconds(spec, quant, gpu, speed.Parallel(tp, pp), weights_total, req.input_len)
+    if engine == "embedded" and on_cpu:  # a Python engine on a CPU: fixed dispatch cost per layer and step
+        step += spec.num_hidden_layers * speed.EMBEDDED_CPU_LAYER_OVERHEAD_S
+        prefill += spec.num_hidden_layers * speed.EMBEDDED_CPU_LAYER_OVERHEAD_S
     decode_total = batch / step * replicas
     prefill_tps = req.input_len / prefill * replicas
     price = gpu.price_per_hour * req.num_gpus
