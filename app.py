@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
-# OpenMP workers that spin only briefly before sleeping: with GNU OpenMP's default (~300k spins) a worker
-# waits for a descheduled peer at every kernel when the CPU is shared (the server, its clients, the UI),
-# which made small ops 10-100x slower under load; idle machines lose nothing. Must precede `import torch`.
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+import backend  # noqa: F401  (sets the OpenMP thread-wait policy before anything loads torch)
 
 # name -> module defining add_arguments(parser) and main(args) -> int. Modules import heavy
 # dependencies inside main() only, so that `python app.py --help` stays fast.

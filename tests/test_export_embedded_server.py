@@ -6,7 +6,6 @@ import argparse
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,15 +19,8 @@ from backend.default_model import packaged_gguf
 from backend.export import ExportOptions, export_files, main_command, resolve
 from backend.planner.request import PlanRequest
 from backend.server.cli import add_arguments as server_arguments
+from tests.conftest import ROOT, free_port
 from tests.export_helpers import write_files
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def plan(port: int) -> tuple[PlanRequest, ExportOptions]:

@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -19,9 +18,9 @@ from huggingface_hub import HfApi, SpaceHardware
 from backend.export import ExportOptions, export_files, zip_files
 from backend.export.skypilot import accelerator
 from backend.planner.request import PlanRequest
+from tests.conftest import ROOT
 from tests.export_helpers import bash_syntax_ok, write_files
 
-ROOT = Path(__file__).resolve().parents[1]
 REMOVED_FLAGS = ("--swap-space", "--speculative-model ", "--num-speculative-tokens", "--use-v2-block-manager")
 
 PLANS = {

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import httpx
 import openai
@@ -14,10 +13,10 @@ import pytest
 
 from app import build_parser
 from backend.server import build_app
+from tests.conftest import ROOT
 from tests.test_engine_support import tiny_model
 from tests.test_server_support import RunningServer, long_context_tiny_model, start_engine, wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
 KEY = "s3cret-key"
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import html
 import re
-import socket
 import threading
 import time
 import zipfile
@@ -15,6 +14,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import pytest
 
+from tests.conftest import free_port
 from tests.test_engine_support import tiny_model
 from ui import bench_tab, chat_tab, export_tab, external, launch_tab, load, monitor_tab, plan_tab
 from ui.common import AppContext
@@ -61,12 +61,6 @@ EXPORT_FORM = dict(
 )
 
 
-def unused_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def is_error(message: object, *words: str) -> bool:
     """An inline error message (ui.common.error_message) that names every one of words."""
     text = html.unescape(message) if isinstance(message, str) else ""
@@ -92,7 +86,7 @@ def ctx(tiny):
         LaunchConfig(model=tiny, dtype="float32", device="cpu", kv_cache_memory_bytes=8 << 20)
     )
     assert status.state == "ready", status.error
-    yield AppContext(holder, tiny, f"http://127.0.0.1:{unused_port()}/v1")
+    yield AppContext(holder, tiny, f"http://127.0.0.1:{free_port()}/v1")
     holder.shutdown()
 
 
@@ -291,7 +285,7 @@ BENCH = dict(
 )
 def test_benchmark_rejects_bad_input(ctx, field, value, words):
     form = {**BENCH, field: value}
-    form["url"] = form["url"].format(port=unused_port())
+    form["url"] = form["url"].format(port=free_port())
     outputs = bench_tab.run(ctx, None, *form.values())
     assert is_error(outputs[0], *words), outputs[0]
 
@@ -311,7 +305,7 @@ def test_benchmark_of_embedded_engine_that_is_not_running(ctx):
 )
 def test_monitor_rejects_bad_urls(url, words):
     pollers = monitor_tab.Pollers()
-    _, message, samples = monitor_tab.start_monitor(pollers, "s", url.format(port=unused_port()))
+    _, message, samples = monitor_tab.start_monitor(pollers, "s", url.format(port=free_port()))
     assert is_error(message, *words) and samples == [] and pollers.get("s") is None
 
 

@@ -137,11 +137,6 @@ def timed(fn) -> float:
 
 
 def main(args: argparse.Namespace) -> int:
-    # OpenMP workers that spin only briefly before sleeping (GNU OpenMP's default spins ~300k rounds): on a
-    # CPU shared with other work, a spinning worker waits for a descheduled peer at every kernel (measured
-    # 10-100x slower small ops under load, no loss when idle). It applies to all modes alike, and only if
-    # torch is not loaded yet.
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
     import torch
 
     from backend.default_model import default_model
