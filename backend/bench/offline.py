@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -118,15 +119,19 @@ def run_hf_continuous(model, work: Workload) -> float:
     return time.perf_counter() - start
 
 
-def decode_rate(generate_one, tokens: int) -> float:
-    """Batch-1 decode tokens/s: (time for N tokens - time for 1 token) / (N - 1)."""
-    generate_one(1)
-    start = time.perf_counter()
-    generate_one(1)
-    first = time.perf_counter() - start
-    start = time.perf_counter()
-    generate_one(tokens)
-    return (tokens - 1) / (time.perf_counter() - start - first)
+def decode_rate(generate_one, tokens: int, repeats: int = 5) -> float:
+    """Batch-1 decode tokens/s: (time for N tokens - time for 1 token) / (N - 1), medians of interleaved
+    runs (robust to a noisy, shared machine)."""
+    generate_one(tokens)  # warm-up
+    many, one = [], []
+    for _ in range(repeats):
+        for n, times in ((tokens, many), (1, one)):
+            start = time.perf_counter()
+            generate_one(n)
+            times.append(time.perf_counter() - start)
+    many_s, one_s = statistics.median(many), statistics.median(one)
+    print(f"  batch 1: {tokens} tokens in {many_s:.3f} s, 1 token in {one_s:.3f} s (medians)", flush=True)
+    return (tokens - 1) / (many_s - one_s)
 
 
 def timed(fn) -> float:

@@ -166,7 +166,7 @@ def load_model(
     net = net.to_empty(device=device).to(dtype)
     net.load_hf_state_dict(state)
     del state
-    net.pack_weights()
+    net.prepare_weights()
     eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     try:
         gen_eos = GenerationConfig.from_pretrained(folder, **kwargs).eos_token_id

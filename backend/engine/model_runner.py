@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from backend.engine import cpu_kernels
 from backend.engine.attention import AttentionMetadata, PrefillChunk, pool_rows
 from backend.engine.models.llama import LlamaForCausalLM
 from backend.engine.scheduler import ScheduledSeq
@@ -24,6 +25,7 @@ class ModelRunner:
             )
             for _ in range(args.num_layers)
         ]
+        self.decode_kernel = cpu_kernels.supports(self.device, self.dtype)
 
     @staticmethod
     def bytes_per_block(model: LlamaForCausalLM, block_size: int) -> int:
@@ -73,6 +75,8 @@ class ModelRunner:
             num_decodes=len(decodes),
             decode_rows=None,
             decode_mask=None,
+            decode_block_tables=None,
+            decode_context_lens=None,
             prefills=chunks,
             gather_buffers=None,
         )
@@ -83,11 +87,15 @@ class ModelRunner:
             for s in decodes:
                 table = s.seq.block_table[:max_blocks]
                 padded += table + [0] * (max_blocks - len(table))
-            meta.decode_rows = pool_rows(padded, *pool_shape, self.device)
             lens = torch.tensor(context_lens, device=self.device)
-            key_pos = torch.arange(max_blocks * bs, device=self.device)
-            meta.decode_mask = (key_pos[None, :] < lens[:, None])[:, None, None, :]
-            gather_blocks = max(gather_blocks, len(decodes) * max_blocks)
+            if self.decode_kernel:
+                meta.decode_block_tables = torch.tensor(padded).view(len(decodes), max_blocks)
+                meta.decode_context_lens = lens
+            else:
+                meta.decode_rows = pool_rows(padded, *pool_shape, self.device)
+                key_pos = torch.arange(max_blocks * bs, device=self.device)
+                meta.decode_mask = (key_pos[None, :] < lens[:, None])[:, None, None, :]
+                gather_blocks = max(gather_blocks, len(decodes) * max_blocks)
         if gather_blocks:
             size = gather_blocks * self.kv_caches[0][0][:, 0].numel()
             meta.gather_buffers = (

@@ -98,8 +98,8 @@ def estimate_for_spec(req: PlanRequest, spec: ModelSpec) -> Estimate:
         weights = (
             math.ceil(spec.params_total - spec.params_by_kind.get("mtp", 0)) * dtype_bytes // per_replica
         )
-        if on_cpu and dtype_bytes == 2 and spec.tie_word_embeddings:
-            weights += spec.vocab_size * spec.hidden_size * 2  # its oneDNN-packed copy for the lm_head
+        if on_cpu and spec.tie_word_embeddings:  # its oneDNN-packed copy of the embedding for the lm_head
+            weights += spec.vocab_size * spec.hidden_size * dtype_bytes
         kv_bytes = dtype_bytes if req.kv_cache_dtype == "auto" else kv_dtype.bytes
         if quant.bits < 16:
             warnings.append(f"the embedded engine dequantizes {quant.name} weights to 16-bit at load time")

@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from backend.engine import cpu_kernels
 from backend.engine.attention import AttentionMetadata, paged_attention
+from backend.engine.device import cpu_has_fast_bf16
 
 
 @dataclass(slots=True)
@@ -34,38 +36,69 @@ class ModelArgs:
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose weight can be re-laid out once for oneDNN (CPU, bf16): about 2x faster at batch 1.
+    """nn.Linear whose weight is re-laid out once for oneDNN on the CPU (prepare()).
 
-    pack() replaces the weight by an opaque oneDNN tensor of the same size (packed_weight).
+    oneDNN's packed GEMMs run 1.3-2.5x faster than torch's default ones on this project's CPUs. A bf16
+    model on a CPU without bf16 units (AVX2), where torch's bf16 GEMM is 4-7x slower than fp32 beyond a
+    few rows, also packs an fp32 copy of its bf16 weights: batches of more than SMALL_BATCH rows compute
+    in fp32 and round the output to bf16 (the arithmetic of a bf16 kernel with fp32 accumulation); smaller
+    ones, bound by memory traffic, keep reading the bf16 weights, half the bytes. That costs 3x the bf16
+    weight memory, counted in weights_bytes().
     """
 
+    SMALL_BATCH = 4
+    use_kernel = False  # set by LlamaForCausalLM.prepare_weights when cpu_kernels serve this model
     packed_weight: torch.Tensor | None = None
+    packed_bias: torch.Tensor | None = None
+    compute_dtype: torch.dtype | None = None  # set when the packed copy is fp32 for a bf16 model
 
-    def pack(self) -> None:
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 1)
-        self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
+    def prepare(self) -> None:
+        weight = self.weight.detach()
+        self.packed_bias = None if self.bias is None else self.bias.detach()  # a view, not a Parameter
+        if weight.dtype == torch.bfloat16 and not cpu_has_fast_bf16():
+            self.compute_dtype = torch.float32
+            self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.float(), 1)
+            self.packed_bias = None if self.bias is None else self.bias.detach().float()
+            return
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        self.weight = nn.Parameter(weight.new_empty(0), requires_grad=False)
+
+    def prepared_tensors(self) -> list[torch.Tensor]:
+        """What prepare() added to memory."""
+        own_bias = self.compute_dtype is not None and self.packed_bias is not None
+        return [t for t in (self.packed_weight, self.packed_bias if own_bias else None) if t is not None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.compute_dtype and x.shape[0] <= self.SMALL_BATCH:
+            if self.use_kernel and x.is_contiguous():
+                return cpu_kernels.linear_bf16_small(x, self.weight, self.bias)
+            return F.linear(x, self.weight, self.bias)
         if self.packed_weight is None:
             return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        h = x if self.compute_dtype is None else x.to(self.compute_dtype)
+        out = torch.ops.mkldnn._linear_pointwise(h, self.packed_weight, self.packed_bias, "none", [], "")
+        return out.to(x.dtype)
 
 
-def can_pack(weight: torch.Tensor) -> bool:
+def can_prepare(weight: torch.Tensor) -> bool:
     return (
         weight.device.type == "cpu"
-        and weight.dtype == torch.bfloat16
+        and weight.dtype in (torch.float32, torch.bfloat16)
         and torch.backends.mkldnn.is_available()
     )
 
 
 class RMSNorm(nn.Module):
+    use_kernel = False
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_kernel and x.is_contiguous():
+            return cpu_kernels.rms_norm(x.view(-1, x.shape[-1]), self.weight, self.eps).view(x.shape)
         # as transformers does: normalise in fp32, scale in the model dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -106,6 +139,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    use_kernel = False
+
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.intermediate_size = args.intermediate_size
@@ -113,7 +148,10 @@ class MLP(nn.Module):
         self.down_proj = Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.use_kernel:
+            return self.down_proj(cpu_kernels.silu_and_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -159,20 +197,24 @@ class LlamaForCausalLM(nn.Module):
 
     def weights_bytes(self) -> int:
         tensors = [*self.parameters()]
-        tensors += [m.packed_weight for m in self.modules() if getattr(m, "packed_weight", None) is not None]
+        tensors += [t for m in self.modules() if isinstance(m, Linear) for t in m.prepared_tensors()]
         return sum(t.numel() * t.element_size() for t in tensors)
 
-    def pack_weights(self) -> None:
-        """Re-lay out every projection for oneDNN when that is faster (CPU, bf16); a tied lm_head gets
-        its own packed copy of the embedding."""
-        if not can_pack(self.embed_tokens.weight):
-            return
-        if self.lm_head is None:
-            self.lm_head = Linear(self.args.hidden_size, self.args.vocab_size, False)
-            self.lm_head.weight = nn.Parameter(self.embed_tokens.weight.detach().clone(), requires_grad=False)
+    def prepare_weights(self) -> None:
+        """Pack every projection for oneDNN on the CPU (see Linear), a tied lm_head getting its own packed
+        copy of the embedding, and switch norms, MLPs and small bf16 products to cpu_kernels when built."""
+        weight = self.embed_tokens.weight
+        if can_prepare(weight):
+            if self.lm_head is None:
+                self.lm_head = Linear(self.args.hidden_size, self.args.vocab_size, False, device="meta")
+                self.lm_head.weight = weight  # shared; prepare() packs a copy
+            for module in self.modules():
+                if isinstance(module, Linear):
+                    module.prepare()
+        use_kernels = cpu_kernels.supports(weight.device, weight.dtype)
         for module in self.modules():
-            if isinstance(module, Linear):
-                module.pack()
+            if isinstance(module, (Linear, RMSNorm, MLP)):
+                module.use_kernel = use_kernels
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy a transformers-named state dict in, fusing q/k/v and gate/up."""
