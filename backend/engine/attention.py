@@ -38,6 +38,7 @@ class AttentionMetadata:
     decode_context_lens: torch.Tensor | None  # [num_decodes]
     prefills: list[PrefillChunk]
     gather_buffers: tuple[torch.Tensor, torch.Tensor] | None  # flat scratch for gathered K and V
+    positions: torch.Tensor | None = None  # [num_tokens] int64, for cpu_kernels.rope_and_cache
 
 
 def pool_rows(block_ids: list[int], num_kv_heads: int, num_blocks: int, device: torch.device) -> torch.Tensor:
@@ -54,9 +55,16 @@ def gather_blocks(cache: torch.Tensor, rows: torch.Tensor, buffer: torch.Tensor)
     return out.view(kv_heads, -1, head_dim)
 
 
+def write_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots):
+    """k, v [T, KVH, D] into the pool slots of slot_mapping."""
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    k_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slots, k.transpose(0, 1))
+    v_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slots, v.transpose(0, 1))
+
+
 def paged_attention(
     q: torch.Tensor,  # [T, H, D]
-    k: torch.Tensor,  # [T, KVH, D]
+    k: torch.Tensor,  # [T, KVH, D], already in the cache
     v: torch.Tensor,
     k_cache: torch.Tensor,  # [KVH, num_blocks, block_size, D]
     v_cache: torch.Tensor,
@@ -64,13 +72,11 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], k.shape[2]
-    k_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-    v_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
     out = q.new_empty(q.shape)  # contiguous, also when q is a view into a fused q/k tensor
     b = meta.num_decodes
     if b and meta.decode_block_tables is not None:
         tables, lens = meta.decode_block_tables, meta.decode_context_lens
-        cpu_kernels.paged_decode_attention(q[:b].contiguous(), k_cache, v_cache, tables, lens, scale, out)
+        cpu_kernels.paged_decode_attention(q[:b], k_cache, v_cache, tables, lens, scale, out)
     elif b:
         k_buffer, v_buffer = meta.gather_buffers
         shape = (num_kv_heads, b, -1, head_dim)

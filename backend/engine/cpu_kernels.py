@@ -29,7 +29,8 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 PTR, INT, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
-    "paged_decode_attention": [PTR] * 6 + [INT] * 7 + [FLOAT],
+    "paged_decode_attention": [PTR] * 6 + [INT] * 8 + [FLOAT],
+    "rope_and_cache": [PTR] * 7 + [INT] * 5,
     "rms_norm": [PTR, PTR, PTR, INT, INT, FLOAT],
     "silu_and_mul": [PTR, PTR, INT, INT],
 }
@@ -87,7 +88,7 @@ def supports(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def paged_decode_attention(
-    q: torch.Tensor,  # [T, H, D], contiguous
+    q: torch.Tensor,  # [T, H, D], heads contiguous (any token stride)
     k_cache: torch.Tensor,  # [KVH, num_blocks, block_size, D]
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,  # [T, max_blocks] int64
@@ -96,6 +97,7 @@ def paged_decode_attention(
     out: torch.Tensor,  # [T, H, D], contiguous, written
 ) -> None:
     kv_heads, num_blocks, block_size, head_dim = k_cache.shape
+    assert q.stride(2) == 1 and q.stride(1) == head_dim and out.is_contiguous()
     function = getattr(load_library(), f"paged_decode_attention_{SUFFIX[q.dtype]}")
     function(
         q.data_ptr(),
@@ -111,7 +113,36 @@ def paged_decode_attention(
         num_blocks,
         block_size,
         block_tables.shape[1],
+        q.stride(0),
         scale,
+    )
+
+
+def rope_and_cache(
+    qkv: torch.Tensor,  # [T, (H + 2 * KVH) * D], contiguous: q and k rotated in place
+    positions: torch.Tensor,  # [T] int64
+    cos: torch.Tensor,  # [max_positions, D]
+    sin: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [T] int64
+    k_cache: torch.Tensor,  # [KVH, num_blocks, block_size, D]: k and v written at slot_mapping
+    v_cache: torch.Tensor,
+    num_heads: int,
+) -> None:
+    kv_heads, num_blocks, block_size, head_dim = k_cache.shape
+    assert qkv.is_contiguous() and qkv.shape[1] == (num_heads + 2 * kv_heads) * head_dim
+    getattr(load_library(), f"rope_and_cache_{SUFFIX[qkv.dtype]}")(
+        qkv.data_ptr(),
+        positions.data_ptr(),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        slot_mapping.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        qkv.shape[0],
+        num_heads,
+        kv_heads,
+        head_dim,
+        num_blocks * block_size,
     )
 
 

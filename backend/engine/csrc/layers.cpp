@@ -1,6 +1,6 @@
 // Small fused CPU ops for the decoder layer, each replacing several torch ops whose dispatch overhead
-// (a few microseconds each) dominates small batches: RMSNorm, SiLU-and-multiply, and a matrix-vector
-// product over bf16 weights for batches of a few rows. Arithmetic follows transformers': fp32 inside,
+// (a few microseconds each) dominates small batches: RMSNorm, SiLU-and-multiply, RoPE with the KV-cache
+// write, and a matrix-vector product over bf16 weights for batches of a few rows. Arithmetic follows transformers': fp32 inside,
 // rounded to the storage type where transformers rounds. Built and loaded by backend/engine/cpu_kernels.py.
 #include <cmath>
 #include <cstdint>
@@ -40,6 +40,36 @@ void silu_and_mul(const T *gate_up, T *out, int64_t rows, int64_t dim) {
     }
 }
 
+// qkv [tokens, (heads + 2 * kv_heads) * D], the fused projection's output: rotates the q and k heads in
+// place (rotate-half RoPE, cos/sin tables [positions, D] with both halves filled, as transformers builds
+// them) and copies each token's k and v heads into pool slot slots[t] of k/v_cache [kv_heads, pool, D].
+template <typename T>
+void rope_and_cache(T *qkv, const int64_t *positions, const T *cos, const T *sin, const int64_t *slots,
+                    T *k_cache, T *v_cache, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t D,
+                    int64_t pool_slots) {
+    const int64_t half = D / 2, width = (heads + 2 * kv_heads) * D;
+#pragma omp parallel for schedule(static) if (tokens > 1)
+    for (int64_t t = 0; t < tokens; t++) {
+        const T *c = cos + positions[t] * D, *s = sin + positions[t] * D;
+        T *row = qkv + t * width;
+        for (int64_t h = 0; h < heads + kv_heads; h++) {
+            T *x = row + h * D;
+            for (int64_t i = 0; i < half; i++) {  // x * cos + cat(-x2, x1) * sin, rounded as torch does
+                const float a = to_float(x[i]), b = to_float(x[i + half]);
+                const float lo = round_to<T>(a * to_float(c[i])) + round_to<T>(-b * to_float(s[i]));
+                const float hi = round_to<T>(b * to_float(c[i + half])) + round_to<T>(a * to_float(s[i + half]));
+                store(x[i], lo);
+                store(x[i + half], hi);
+            }
+        }
+        for (int64_t h = 0; h < kv_heads; h++) {
+            const int64_t slot = (h * pool_slots + slots[t]) * D;
+            std::memcpy(k_cache + slot, row + (heads + h) * D, D * sizeof(T));
+            std::memcpy(v_cache + slot, row + (heads + kv_heads + h) * D, D * sizeof(T));
+        }
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -48,6 +78,16 @@ void rms_norm_f32(const float *x, const float *w, float *out, int64_t rows, int6
 }
 void rms_norm_bf16(const BFloat16 *x, const BFloat16 *w, BFloat16 *out, int64_t rows, int64_t dim, float eps) {
     rms_norm(x, w, out, rows, dim, eps);
+}
+void rope_and_cache_f32(float *qkv, const int64_t *pos, const float *cos, const float *sin, const int64_t *slots,
+                        float *k, float *v, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t D,
+                        int64_t pool_slots) {
+    rope_and_cache(qkv, pos, cos, sin, slots, k, v, tokens, heads, kv_heads, D, pool_slots);
+}
+void rope_and_cache_bf16(BFloat16 *qkv, const int64_t *pos, const BFloat16 *cos, const BFloat16 *sin,
+                         const int64_t *slots, BFloat16 *k, BFloat16 *v, int64_t tokens, int64_t heads,
+                         int64_t kv_heads, int64_t D, int64_t pool_slots) {
+    rope_and_cache(qkv, pos, cos, sin, slots, k, v, tokens, heads, kv_heads, D, pool_slots);
 }
 void silu_and_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t dim) {
     silu_and_mul(gate_up, out, rows, dim);

@@ -2,7 +2,8 @@
 // block pool through its block table, so nothing is gathered, padded or converted first.
 //
 // Layout (as in backend/engine/attention.py):
-//   q, out        [T, H, D]           T query tokens (one per decoding sequence)
+//   q             [T, H, D]           T query tokens (one per decoding sequence), token stride q_stride
+//   out           [T, H, D]           contiguous
 //   k/v cache     [KVH, NB, BS, D]    the pool of one layer
 //   block_tables  [T, max_blocks]     int64 block ids of each query's sequence
 //   context_lens  [T]                 int64: keys at positions 0 .. len-1 are attended
@@ -23,16 +24,16 @@ template <typename T>
 void decode_attention(const T *q, const T *k_cache, const T *v_cache, const int64_t *block_tables,
                       const int64_t *context_lens, T *out, int64_t num_tokens, int64_t num_heads,
                       int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,
-                      int64_t max_blocks, float scale) {
+                      int64_t max_blocks, int64_t q_stride, float scale) {
     const int64_t G = num_heads / num_kv_heads, D = head_dim;
 #pragma omp parallel for collapse(2) schedule(dynamic)
     for (int64_t t = 0; t < num_tokens; t++) {
         for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
             const int64_t len = context_lens[t];
             const int64_t *table = block_tables + t * max_blocks;
-            const int64_t head_offset = (t * num_heads + kvh * G) * D;  // of query head kvh * G
+            const int64_t head_offset = (t * num_heads + kvh * G) * D;  // of query head kvh * G in out
             std::vector<float> query(G * D), acc(G * D, 0.0f), scores(G * len);
-            for (int64_t i = 0; i < G * D; i++) query[i] = to_float(q[head_offset + i]) * scale;
+            for (int64_t i = 0; i < G * D; i++) query[i] = to_float(q[t * q_stride + kvh * G * D + i]) * scale;
             auto row_of = [&](int64_t pos) {  // row of the pool holding position pos of this sequence
                 return ((kvh * num_blocks + table[pos / block_size]) * block_size + pos % block_size) * D;
             };
@@ -75,9 +76,9 @@ void decode_attention(const T *q, const T *k_cache, const T *v_cache, const int6
     extern "C" void NAME(const T *q, const T *k, const T *v, const int64_t *tables, const int64_t *lens, \
                          T *out, int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,            \
                          int64_t head_dim, int64_t num_blocks, int64_t block_size, int64_t max_blocks,    \
-                         float scale) {                                                                  \
+                         int64_t q_stride, float scale) {                                                \
         decode_attention(q, k, v, tables, lens, out, num_tokens, num_heads, num_kv_heads, head_dim,      \
-                         num_blocks, block_size, max_blocks, scale);                                     \
+                         num_blocks, block_size, max_blocks, q_stride, scale);                           \
     }
 
 EXPORT(paged_decode_attention_f32, float)

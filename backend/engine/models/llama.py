@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backend.engine import cpu_kernels
-from backend.engine.attention import AttentionMetadata, paged_attention
+from backend.engine.attention import AttentionMetadata, paged_attention, write_kv_cache
 from backend.engine.device import cpu_has_fast_bf16
 
 
@@ -105,6 +105,14 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
+@dataclass(slots=True)
+class Rope:
+    cos: torch.Tensor  # [T, 1, D] for this step's positions
+    sin: torch.Tensor  # [T, 1, D], first half negated (see LlamaForCausalLM.forward)
+    cos_table: torch.Tensor  # [max_positions, D], for cpu_kernels.rope_and_cache
+    sin_table: torch.Tensor
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, heads, D]; cos/sin: [T, 1, D] with sin's first half negated (see LlamaForCausalLM.forward).
 
@@ -115,6 +123,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
+    use_kernel = False  # RoPE and the cache write in one cpu_kernels call (not with q/k norm)
+
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
@@ -126,14 +136,31 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.scale = args.head_dim**-0.5
 
-    def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, x, rope: Rope, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)
-        qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)  # q heads, then k heads
-        if self.q_norm is not None:
-            qk = torch.cat((self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])), 1)
-        q, k = apply_rope(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
-        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
+        if self.use_kernel and self.q_norm is None:
+            cpu_kernels.rope_and_cache(
+                qkv,
+                meta.positions,
+                rope.cos_table,
+                rope.sin_table,
+                meta.slot_mapping,
+                k_cache,
+                v_cache,
+                self.num_heads,
+            )
+            heads = qkv.view(t, -1, self.head_dim)
+            q, k, v = heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
+        else:
+            qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)  # q heads, then k heads
+            if self.q_norm is not None:
+                qk = torch.cat(
+                    (self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])), 1
+                )
+            q, k = apply_rope(qk, rope.cos, rope.sin).split([self.num_heads, self.num_kv_heads], dim=1)
+            v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
+            write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         o = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
         return self.o_proj(o.view(t, self.q_size))
 
@@ -163,8 +190,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, meta)
+    def forward(self, x, rope: Rope, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, k_cache, v_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -190,8 +217,10 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
         half = sin.shape[-1] // 2
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # folds rotate_half's minus sign in
+        rope = Rope(cos, sin, self.rope_cos, self.rope_sin)
+        meta.positions = positions
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, k_cache, v_cache, meta)
+            x = layer(x, rope, k_cache, v_cache, meta)
         x = self.norm(x[logits_indices])
         return F.linear(x, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(x)
 
@@ -213,7 +242,7 @@ class LlamaForCausalLM(nn.Module):
                     module.prepare()
         use_kernels = cpu_kernels.supports(weight.device, weight.dtype)
         for module in self.modules():
-            if isinstance(module, (Linear, RMSNorm, MLP)):
+            if isinstance(module, (Linear, RMSNorm, MLP, Attention)):
                 module.use_kernel = use_kernels
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
