@@ -31,6 +31,7 @@ class PrefillChunk:
 @dataclass(slots=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] flat slot in the pool for each token's K/V
+    positions: torch.Tensor  # [num_tokens] int64 position of each token in its sequence
     num_decodes: int  # the first num_decodes tokens are decodes, one per sequence
     decode_rows: torch.Tensor | None  # pool_rows of the block tables, each padded to max_blocks with block 0
     decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size], True = attend
@@ -38,7 +39,6 @@ class AttentionMetadata:
     decode_context_lens: torch.Tensor | None  # [num_decodes]
     prefills: list[PrefillChunk]
     gather_buffers: tuple[torch.Tensor, torch.Tensor] | None  # flat scratch for gathered K and V
-    positions: torch.Tensor | None = None  # [num_tokens] int64, for cpu_kernels.rope_and_cache
 
 
 def pool_rows(block_ids: list[int], num_kv_heads: int, num_blocks: int, device: torch.device) -> torch.Tensor:

@@ -72,6 +72,7 @@ class ModelRunner:
                 logits_rows.append(len(input_ids) - 1)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, device=self.device),
+            positions=torch.tensor(positions, device=self.device),
             num_decodes=len(decodes),
             decode_rows=None,
             decode_mask=None,
@@ -104,7 +105,7 @@ class ModelRunner:
             )
         logits = self.model(
             torch.tensor(input_ids, device=self.device),
-            torch.tensor(positions, device=self.device),
+            meta.positions,
             self.kv_caches,
             meta,
             torch.tensor(logits_rows, device=self.device, dtype=torch.long),

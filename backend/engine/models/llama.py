@@ -218,7 +218,6 @@ class LlamaForCausalLM(nn.Module):
         half = sin.shape[-1] // 2
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # folds rotate_half's minus sign in
         rope = Rope(cos, sin, self.rope_cos, self.rope_sin)
-        meta.positions = positions
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x = layer(x, rope, k_cache, v_cache, meta)
         x = self.norm(x[logits_indices])
