@@ -14,11 +14,12 @@ from pathlib import Path
 import plotly.graph_objects as go
 import pytest
 
+from backend.engine.config import EngineConfig
+from backend.server.engine_holder import EngineHolder, build_engine
 from tests.conftest import free_port
 from tests.test_engine_support import tiny_model
 from ui import bench_tab, chat_tab, export_tab, external, launch_tab, load, monitor_tab, plan_tab
 from ui.common import AppContext
-from ui.state import EngineHolder, LaunchConfig, build_engine
 
 PLAN_FORM = dict(
     model="meta-llama/Llama-3.1-8B-Instruct",
@@ -37,17 +38,18 @@ PLAN_FORM = dict(
     ttft=0,
     tpot=0,
 )
-LAUNCH_FORM = dict(
+LAUNCH_FORM = dict(  # every EngineConfig field but the model, as the Launch form sends it
     dtype="float32",
     device="cpu",
     block_size=16,
     max_num_seqs=8,
-    max_batched=64,
-    max_len=0,
-    kv_mib=8,
-    prefix=True,
+    max_num_batched_tokens=64,
+    max_model_len=0,
+    num_kv_blocks=None,
+    kv_cache_memory_bytes=8,  # MiB in the form
+    enable_prefix_caching=True,
     seed=0,
-    remote=False,
+    trust_remote_code=False,
 )
 CHAT_CONTROLS = dict(temperature=0.0, top_p=1.0, top_k=-1, max_tokens=8, seed=-1, stop="")
 EXPORT_FORM = dict(
@@ -83,7 +85,7 @@ def tiny() -> str:
 def ctx(tiny):
     holder = EngineHolder()
     status = holder.launch(
-        LaunchConfig(model=tiny, dtype="float32", device="cpu", kv_cache_memory_bytes=8 << 20)
+        EngineConfig(model=tiny, dtype="float32", device="cpu", kv_cache_memory_bytes=8 << 20)
     )
     assert status.state == "ready", status.error
     yield AppContext(holder, tiny, f"http://127.0.0.1:{free_port()}/v1")
@@ -129,14 +131,16 @@ def test_plan_of_llama_8b_on_h100():
     [
         ("block_size", -16, ["block_size", "-16"]),
         ("max_num_seqs", 0, ["max_num_seqs"]),
-        ("kv_mib", -1, ["KV cache budget"]),
-        ("max_len", -3, ["max_model_len"]),
+        ("kv_cache_memory_bytes", -1, ["kv_cache_memory (MiB)"]),
+        ("max_model_len", -3, ["max_model_len"]),
+        ("num_kv_blocks", 2.5, ["num_kv_blocks", "whole number"]),
+        ("device", "mps", ["device", "cuda"]),
     ],
 )
 def test_launch_rejects_bad_form_without_touching_the_engine(ctx, field, value, words):
     engine = ctx.holder.get()
     message, status = launch_tab.launch_engine(
-        ctx.holder, ctx.default_model, *{**LAUNCH_FORM, field: value}.values()
+        ctx.holder, {**LAUNCH_FORM, "model": ctx.default_model, field: value}
     )
     assert is_error(message, *words), message
     assert ctx.holder.get() is engine and "data-state='ready'" in status
@@ -144,10 +148,10 @@ def test_launch_rejects_bad_form_without_touching_the_engine(ctx, field, value, 
 
 def test_failed_load_shows_the_error_and_relaunch_works(tiny):
     holder = EngineHolder()
-    message, status = launch_tab.launch_engine(holder, "/no/such/model", *LAUNCH_FORM.values())
+    message, status = launch_tab.launch_engine(holder, {**LAUNCH_FORM, "model": "/no/such/model"})
     assert is_error(message, "Launch failed", "/no/such/model"), message
     assert "data-state='failed'" in status and holder.get() is None
-    message, status = launch_tab.launch_engine(holder, tiny, *LAUNCH_FORM.values())
+    message, status = launch_tab.launch_engine(holder, {**LAUNCH_FORM, "model": tiny})
     assert "msg-ok" in message and "data-state='ready'" in status
     message, status = launch_tab.stop_engine(holder)
     assert "msg-ok" in message and holder.get() is None and "data-state='stopped'" in status
@@ -156,17 +160,17 @@ def test_failed_load_shows_the_error_and_relaunch_works(tiny):
 def test_second_launch_while_loading_is_refused_with_a_message_slow_factory(tiny):
     release = threading.Event()
 
-    def slow_factory(config: LaunchConfig):
+    def slow_factory(config: EngineConfig):
         release.wait(30)
         return build_engine(config)
 
     holder = EngineHolder(engine_factory=slow_factory)
-    config = LaunchConfig(model=tiny, dtype="float32", device="cpu", kv_cache_memory_bytes=8 << 20)
+    config = EngineConfig(model=tiny, dtype="float32", device="cpu", kv_cache_memory_bytes=8 << 20)
     first = threading.Thread(target=holder.launch, args=(config,))
     first.start()
     while holder.status().state != "loading":
         pass
-    message, _ = launch_tab.launch_engine(holder, tiny, *LAUNCH_FORM.values())
+    message, _ = launch_tab.launch_engine(holder, {**LAUNCH_FORM, "model": tiny})
     assert is_error(message, "another launch is still loading"), message
     release.set()
     first.join()

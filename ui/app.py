@@ -14,9 +14,9 @@ import threading
 import gradio as gr
 from fastapi import FastAPI
 
+from backend.server.engine_holder import EngineHolder
 from ui import bench_tab, chat_tab, export_tab, launch_tab, monitor_tab, plan_tab
 from ui.common import AppContext
-from ui.state import EngineHolder
 
 THEME = gr.themes.Soft(
     primary_hue="indigo",

@@ -11,10 +11,11 @@ from typing import Any
 
 import gradio as gr
 
+from backend.engine.config import EngineConfig
+from backend.server.engine_holder import EngineHolder
 from ui import charts, load
 from ui.common import AppContext, describe, error_message, ms, percent, tok_s
 from ui.launch_tab import DEFAULT_KV_MIB, MIB
-from ui.state import EngineHolder, LaunchConfig
 
 DEFAULT_SYSTEM = "You are a helpful assistant. Answer briefly."
 STATS_MARK = (
@@ -65,7 +66,7 @@ async def ensure_engine(ctx: AppContext) -> tuple[Any | None, str]:
 
 def _launch_default(holder: EngineHolder, model: str) -> None:
     with contextlib.suppress(RuntimeError):  # another tab started a launch first; the caller waits for it
-        holder.launch(LaunchConfig(model=model, kv_cache_memory_bytes=DEFAULT_KV_MIB * MIB))
+        holder.launch(EngineConfig(model=model, kv_cache_memory_bytes=DEFAULT_KV_MIB * MIB))
 
 
 def reply_stats(started: float, first_token: float | None, finished: float, tokens: int, reason: str) -> str:

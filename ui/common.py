@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from ui.state import EngineHolder
+from backend.server.engine_holder import EngineHolder
 
 GIB = 1024**3
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import functools
 import html
+from dataclasses import Field, fields
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
+from backend.engine.config import EngineConfig, cli_types, config_field
+from backend.server.engine_holder import EngineHolder
 from ui import external
 from ui.common import (
     AppContext,
@@ -20,44 +23,51 @@ from ui.common import (
     optional_int,
     required_int,
 )
-from ui.state import EngineHolder, LaunchConfig
 
 MIB = 1024**2
 DEFAULT_KV_MIB = 256  # small on purpose: a few concurrent chats already show on the KV-cache chart
-DTYPES = ["auto", "bfloat16", "float32", "float16"]
 PLAN_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# Where the form differs from an EngineConfig field (everything else comes from the field and its metadata)
+FORM_LABELS = {"kv_cache_memory_bytes": "kv_cache_memory (MiB)"}
+FORM_SCALE = {"kv_cache_memory_bytes": MIB}  # the form takes MiB
+FORM_DEFAULTS = {"kv_cache_memory_bytes": DEFAULT_KV_MIB}
 
 
-def launch_config(
-    model,
-    dtype,
-    device,
-    block_size,
-    max_num_seqs,
-    max_num_batched_tokens,
-    max_model_len,
-    kv_budget_mib,
-    prefix_caching,
-    seed,
-    trust_remote_code,
-) -> LaunchConfig:
-    """The form as a LaunchConfig; ValueError naming the field for an impossible value."""
-    if not (model or "").strip():
+def engine_fields() -> list[Field]:
+    """The Launch form's engine knobs: every EngineConfig field except the model."""
+    return [f for f in fields(EngineConfig) if f.name != "model"]
+
+
+def launch_config(form: dict[str, Any]) -> EngineConfig:
+    """The form (field name -> value) as an EngineConfig; ValueError naming the field for a bad value."""
+    model = (form.get("model") or "").strip()
+    if not model:
         raise ValueError("model is required: a local folder, a .gguf file or a Hub id")
-    kv_mib = optional_int(kv_budget_mib, "KV cache budget (MiB)")
-    return LaunchConfig(
-        model=model.strip(),
-        dtype=dtype,
-        device=device,
-        block_size=required_int(block_size, "block_size"),
-        max_num_seqs=required_int(max_num_seqs, "max_num_seqs"),
-        max_num_batched_tokens=required_int(max_num_batched_tokens, "max_num_batched_tokens"),
-        max_model_len=optional_int(max_model_len, "max_model_len"),
-        kv_cache_memory_bytes=None if kv_mib is None else kv_mib * MIB,
-        enable_prefix_caching=bool(prefix_caching),
-        seed=required_int(seed, "seed", minimum=0),
-        trust_remote_code=bool(trust_remote_code),
-    )
+    values: dict[str, Any] = {}
+    for f in engine_fields():
+        value, kind = form[f.name], cli_types()[f.name]
+        if kind is int:
+            label = FORM_LABELS.get(f.name, f.name)
+            if f.default is None:
+                number = optional_int(value, label, minimum=f.metadata["minimum"])
+            else:
+                number = required_int(value, label, minimum=f.metadata["minimum"])
+            value = None if number is None else number * FORM_SCALE.get(f.name, 1)
+        elif kind is bool:
+            value = bool(value)
+        values[f.name] = value
+    return EngineConfig(model=model, **values)
+
+
+def engine_input(f: Field) -> gr.components.Component:
+    """The form input for one EngineConfig field, built from its type and metadata."""
+    label, info = FORM_LABELS.get(f.name, f.name), f.metadata["help"]
+    value = FORM_DEFAULTS.get(f.name, f.default)
+    if cli_types()[f.name] is bool:
+        return gr.Checkbox(value, label=label, info=info)
+    if f.metadata["choices"]:
+        return gr.Dropdown(list(f.metadata["choices"]), value=value, label=label, info=info)
+    return gr.Number(value, label=label, info=info, precision=0)
 
 
 @functools.cache
@@ -117,10 +127,10 @@ def status_html(holder: EngineHolder) -> str:
     return f"<div id='engine-state' data-state='ready'><div class='kpis'>{body}</div></div>"
 
 
-def launch_engine(holder: EngineHolder, *form: Any, progress: Any = None) -> tuple[str, str]:
+def launch_engine(holder: EngineHolder, form: dict[str, Any], progress: Any = None) -> tuple[str, str]:
     """(message, status). Loads in this thread; a bad form value or a failed load becomes the message."""
     try:
-        config = launch_config(*form)
+        config = launch_config(form)
     except ValueError as exc:
         return error_message(describe(exc)), status_html(holder)
     if progress is not None:
@@ -169,28 +179,17 @@ def build(ctx: AppContext, demo: gr.Blocks, plan_state: gr.State) -> None:
     holder = ctx.holder
     with gr.Row():
         with gr.Column(scale=2):
-            model = gr.Textbox(ctx.default_model, label="Model", info="local folder, .gguf file or Hub id")
-            with gr.Row():
-                dtype = gr.Dropdown(
-                    DTYPES, value="auto", label="dtype", info="auto = bf16 where fast, else fp32"
+            inputs = {
+                "model": gr.Textbox(
+                    ctx.default_model, label="model", info=config_field("model").metadata["help"]
                 )
-                device = gr.Dropdown(["auto", "cpu", "cuda"], value="auto", label="device")
-                seed = gr.Number(0, label="seed", precision=0)
+            }
+            knobs = [f for f in engine_fields() if cli_types()[f.name] is not bool]
+            for row in range(0, len(knobs), 3):
+                with gr.Row():
+                    inputs.update({f.name: engine_input(f) for f in knobs[row : row + 3]})
             with gr.Row():
-                block_size = gr.Number(16, label="block_size (tokens per KV block)", precision=0)
-                max_num_seqs = gr.Number(64, label="max_num_seqs", precision=0)
-                max_batched = gr.Number(512, label="max_num_batched_tokens", precision=0)
-            with gr.Row():
-                max_len = gr.Number(0, label="max_model_len (0 = model limit)", precision=0)
-                kv_mib = gr.Number(
-                    DEFAULT_KV_MIB,
-                    label="KV cache budget (MiB, 0 = automatic)",
-                    precision=0,
-                    info="small by default so that load shows on the KV chart",
-                )
-            with gr.Row():
-                prefix = gr.Checkbox(True, label="enable_prefix_caching")
-                remote = gr.Checkbox(False, label="trust_remote_code (runs the model repo's code)")
+                inputs.update({f.name: engine_input(f) for f in engine_fields() if f not in knobs})
             with gr.Row():
                 from_plan = gr.Button("Copy settings from Plan")
                 launch = gr.Button("Launch", variant="primary", elem_id="launch-button")
@@ -204,31 +203,20 @@ def build(ctx: AppContext, demo: gr.Blocks, plan_state: gr.State) -> None:
             status = gr.HTML(status_html(holder), elem_id="launch-status")
             with gr.Accordion("External engines (vLLM, SGLang, llama.cpp)", open=False):
                 external.build(plan_state)
-    form = [
-        model,
-        dtype,
-        device,
-        block_size,
-        max_num_seqs,
-        max_batched,
-        max_len,
-        kv_mib,
-        prefix,
-        seed,
-        remote,
-    ]
 
-    def on_launch(*values: Any, progress: gr.Progress = gr.Progress(track_tqdm=True)) -> str:  # noqa: B008
-        return launch_engine(holder, *values, progress=progress)[0]  # the status refreshes right after
+    def on_launch(data: dict, progress: gr.Progress = gr.Progress(track_tqdm=True)) -> str:  # noqa: B008
+        form = {name: data[component] for name, component in inputs.items()}
+        return launch_engine(holder, form, progress=progress)[0]  # the status refreshes right after
 
-    launch.click(on_launch, form, message, concurrency_limit=None).then(
+    launch.click(on_launch, set(inputs.values()), message, concurrency_limit=None).then(
         lambda: status_html(holder), None, status
     )
     stop.click(lambda: stop_engine(holder), None, [message, status])
+    plan_fields = ["model", "dtype", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"]
     from_plan.click(
         settings_from_plan,
         plan_state,
-        [model, dtype, block_size, max_num_seqs, max_batched, max_len, prefix, message],
+        [*(inputs[name] for name in plan_fields), inputs["enable_prefix_caching"], message],
     )
     timer = gr.Timer(2.0)  # another tab may launch or stop the shared engine: keep this view current
     timer.tick(lambda: status_html(holder), None, status, show_progress="hidden")

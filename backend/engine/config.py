@@ -1,35 +1,137 @@
-"""EngineConfig: every knob of the engine in one place (vLLM's names)."""
+"""EngineConfig: every knob of the embedded engine, defined once, with vLLM's names.
+
+Everything else derives from these fields and their metadata (help, choices, minimum): the server CLI
+(`add_cli_args` / `from_cli_args`, like vLLM's `EngineArgs`), `LLM(model, **kwargs)` (`from_kwargs`,
+like nano-vllm's `Config` filter), the UI's Launch form and the embedded exporter (`cli_args`).
+tests/test_engine_config.py checks that every field reaches each of them.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+from dataclasses import MISSING, Field, dataclass, field, fields
+from functools import cache
+from typing import Any, get_type_hints
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+DEVICES = ("auto", "cpu", "cuda")  # and "cuda:N"
+
+
+def knob(default: Any, help: str, choices: tuple[str, ...] | None = None, minimum: int | None = None) -> Any:
+    """A dataclass field with the metadata every front end reads."""
+    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum})
 
 
 @dataclass(slots=True)
 class EngineConfig:
-    model: str
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    device: str = "auto"  # auto | cpu | cuda
-    block_size: int = 16
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    max_model_len: int | None = None  # None: the model's limit (capped by the KV pool)
-    num_kv_blocks: int | None = None  # None: from kv_cache_memory_bytes or a share of free memory
-    kv_cache_memory_bytes: int | None = None
-    enable_prefix_caching: bool = True
-    seed: int = 0
-    trust_remote_code: bool = False
+    model: str = field(metadata={"help": "Hub id, local folder or .gguf file"})
+    dtype: str = knob("auto", "weights and activations; auto = bf16 where the device is fast at it", DTYPES)
+    device: str = knob("auto", "auto, cpu, cuda or cuda:N; auto = a CUDA GPU if there is one", DEVICES)
+    block_size: int = knob(16, "tokens per KV-cache block", minimum=1)
+    max_num_seqs: int = knob(64, "most requests scheduled in one step", minimum=1)
+    max_num_batched_tokens: int = knob(
+        512, "token budget of one step (long prompts prefill in chunks)", minimum=1
+    )
+    max_model_len: int | None = knob(
+        None, "context length; unset = the model's (capped by the KV pool)", minimum=1
+    )
+    num_kv_blocks: int | None = knob(
+        None, "KV-cache blocks; unset = sized from kv_cache_memory_bytes", minimum=1
+    )
+    kv_cache_memory_bytes: int | None = knob(
+        None, "memory for the KV cache; unset = a share of free memory", minimum=1
+    )
+    enable_prefix_caching: bool = knob(True, "reuse the KV blocks of shared prompt prefixes")
+    seed: int = knob(0, "engine random seed", minimum=0)
+    trust_remote_code: bool = knob(False, "run Python code shipped with the model")
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("max_model_len", "num_kv_blocks", "kv_cache_memory_bytes"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be None or an integer >= 1, got {value!r}")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}")
-        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ValueError(f"device must be one of auto, cpu, cuda; got {self.device!r}")
+        for f in fields(self):
+            check_value(f, getattr(self, f.name))
+
+    @classmethod
+    def from_kwargs(cls, model: str, **kwargs: Any) -> EngineConfig:
+        """`LLM(model, **kwargs)`: a ValueError names unknown arguments and the allowed ones."""
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(kwargs) - set(names))
+        if unknown:
+            raise ValueError(
+                f"unknown engine argument(s) {', '.join(unknown)}; allowed: {', '.join(names[1:])}"
+            )
+        return cls(model=str(model), **kwargs)
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+        """One `--flag-name` per field (`--no-flag` for booleans), defaults and help from the fields."""
+        hints = cli_types()
+        for f in fields(EngineConfig):
+            help_text = f.metadata["help"]
+            default = None if f.default is MISSING else f.default
+            if default is not None:
+                help_text += f" (default: {default})"
+            flag = "--" + f.name.replace("_", "-")
+            if hints[f.name] is bool:
+                parser.add_argument(
+                    flag, action=argparse.BooleanOptionalAction, default=default, help=help_text
+                )
+            else:
+                choices = (
+                    f.metadata.get("choices") if f.name != "device" else None
+                )  # device also takes cuda:N
+                parser.add_argument(
+                    flag, type=hints[f.name], default=default, choices=choices, help=help_text
+                )
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineConfig:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+    def explicit_items(self) -> list[tuple[str, Any]]:
+        """(name, value) of every field that is set (None means "automatic" and is left out)."""
+        return [(f.name, getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None]
+
+    def cli_args(self) -> list[str]:
+        """The flags that `from_cli_args` turns back into this config (the embedded exporter writes them)."""
+        argv: list[str] = []
+        for name, value in self.explicit_items():
+            flag = name.replace("_", "-")
+            if isinstance(value, bool):
+                argv.append(f"--{flag}" if value else f"--no-{flag}")
+            else:
+                argv += [f"--{flag}", str(value)]
+        return argv
+
+
+@cache
+def cli_types() -> dict[str, type]:
+    """The scalar type of each field (`int | None` -> int)."""
+    hints = get_type_hints(EngineConfig)
+    return {
+        name: next(t for t in getattr(hint, "__args__", (hint,)) if t is not type(None))
+        for name, hint in hints.items()
+    }
+
+
+def check_value(f: Field, value: Any) -> None:
+    """ValueError saying what is wrong with one field's value and what is allowed."""
+    kind = cli_types()[f.name]
+    optional = f.default is None
+    if value is None and optional:
+        return
+    if kind is int:
+        minimum = f.metadata["minimum"]
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            prefix = "None or " if optional else ""
+            raise ValueError(f"{f.name} must be {prefix}an integer >= {minimum}, got {value!r}")
+    elif kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{f.name} must be True or False, got {value!r}")
+    elif not isinstance(value, str):
+        raise ValueError(f"{f.name} must be a string, got {value!r}")
+    choices = f.metadata.get("choices")
+    if choices and value not in choices and not (f.name == "device" and value.startswith("cuda:")):
+        raise ValueError(f"{f.name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def config_field(name: str) -> Field:
+    return next(f for f in fields(EngineConfig) if f.name == name)

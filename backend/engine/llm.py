@@ -16,35 +16,9 @@ Prompt = str | list[int]
 
 
 class LLM:
-    def __init__(
-        self,
-        model: str,
-        dtype: str = "auto",
-        device: str = "auto",
-        block_size: int = 16,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 512,
-        max_model_len: int | None = None,
-        num_kv_blocks: int | None = None,
-        kv_cache_memory_bytes: int | None = None,
-        enable_prefix_caching: bool = True,
-        seed: int = 0,
-        trust_remote_code: bool = False,
-    ) -> None:
-        config = EngineConfig(
-            model=str(model),
-            dtype=dtype,
-            device=device,
-            block_size=block_size,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len,
-            num_kv_blocks=num_kv_blocks,
-            kv_cache_memory_bytes=kv_cache_memory_bytes,
-            enable_prefix_caching=enable_prefix_caching,
-            seed=seed,
-            trust_remote_code=trust_remote_code,
-        )
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        """kwargs: any EngineConfig field (dtype, max_num_seqs, num_kv_blocks, ...); others are refused."""
+        config = EngineConfig.from_kwargs(model, **kwargs)
         self.llm_engine = LLMEngine(config)
         self._request_ids = itertools.count()
 

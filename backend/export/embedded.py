@@ -6,6 +6,7 @@ from a checkout of this project with its requirements installed.
 
 from __future__ import annotations
 
+from backend.engine.config import EngineConfig
 from backend.export.base import Token
 from backend.export.engine import EngineInfo, Unsupported, map_kv, map_quant, refuse_speculative
 from backend.export.plan import ExportPlan
@@ -37,51 +38,36 @@ def check(plan: ExportPlan) -> None:
         raise Unsupported("the embedded engine loads the main revision; pass a local folder for another one")
 
 
-def command(plan: ExportPlan, host: str, port: int) -> list[Token]:
+def engine_config(plan: ExportPlan) -> EngineConfig:
+    """The plan as the engine's own config: launch.sh's flags and the Python snippet's arguments."""
     check(plan)
-    argv: list[Token] = [
-        "python",
-        "app.py",
-        "serve",
-        "--model",
-        plan.model,
-        "--host",
-        host,
-        "--port",
-        str(port),
-    ]
-    argv += ["--served-model-name", plan.served_name]
-    argv += [
-        "--max-model-len", str(plan.max_model_len),
-        "--max-num-seqs", str(plan.max_num_seqs),
-        "--max-num-batched-tokens", str(plan.req.max_num_batched_tokens),
-        "--block-size", str(plan.req.block_size),
-        "--dtype", plan.options.dtype,
-    ]  # fmt: skip
-    if not plan.req.enable_prefix_caching:
-        argv.append("--no-enable-prefix-caching")
-    if plan.options.trust_remote_code:
-        argv.append("--trust-remote-code")
+    return EngineConfig(
+        model=plan.model,
+        dtype=plan.options.dtype,
+        max_model_len=plan.max_model_len,
+        max_num_seqs=plan.max_num_seqs,
+        max_num_batched_tokens=plan.req.max_num_batched_tokens,
+        block_size=plan.req.block_size,
+        enable_prefix_caching=plan.req.enable_prefix_caching,
+        trust_remote_code=plan.options.trust_remote_code,
+    )
+
+
+def command(plan: ExportPlan, host: str, port: int) -> list[Token]:
+    argv: list[Token] = ["python", "app.py", "serve", *engine_config(plan).cli_args()]
+    argv += ["--host", host, "--port", str(port), "--served-model-name", plan.served_name]
     if plan.options.api_key_env:
         argv += ["--api-key-env", plan.options.api_key_env]
     return argv
 
 
 def python_snippet(plan: ExportPlan) -> str:
-    check(plan)
+    config = engine_config(plan)
+    kwargs = "".join(f"    {name}={value!r},\n" for name, value in config.explicit_items()[1:])
     return (
         '"""The embedded engine in-process, set up like launch.sh (run from the project root)."""\n\n'
         "from backend.engine import LLM, SamplingParams\n\n"
-        "llm = LLM(\n"
-        f"    {plan.model!r},\n"
-        f"    dtype={plan.options.dtype!r},\n"
-        f"    max_model_len={plan.max_model_len},\n"
-        f"    max_num_seqs={plan.max_num_seqs},\n"
-        f"    max_num_batched_tokens={plan.req.max_num_batched_tokens},\n"
-        f"    block_size={plan.req.block_size},\n"
-        f"    enable_prefix_caching={plan.req.enable_prefix_caching},\n"
-        f"    trust_remote_code={plan.options.trust_remote_code},\n"
-        ")\n"
+        f"llm = LLM(\n    {config.model!r},\n{kwargs})\n"
         "params = SamplingParams(temperature=0.7, max_tokens=64)\n"
         'outputs = llm.chat([{"role": "user", "content": "Say hello in one sentence."}], params)\n'
         "print(outputs[0].outputs[0].text)\n"

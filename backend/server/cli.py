@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import asdict
+
+from backend.engine.config import EngineConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model", default=None, help="Hub id, local folder or .gguf file (default: SmolLM2-135M)"
-    )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)"
     )
@@ -45,30 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--disable-uvicorn-access-log", action="store_true", help="do not log each request line"
     )
-    engine = parser.add_argument_group("engine options (vLLM's names)")
-    engine.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32 (default: auto)")
-    engine.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default: auto)")
-    engine.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (default: 16)")
-    engine.add_argument("--max-num-seqs", type=int, default=64, help="max requests per step (default: 64)")
-    engine.add_argument(
-        "--max-num-batched-tokens", type=int, default=512, help="token budget per step (default: 512)"
-    )
-    engine.add_argument(
-        "--max-model-len", type=int, default=None, help="context length (default: the model's)"
-    )
-    engine.add_argument(
-        "--num-kv-blocks", type=int, default=None, help="KV-cache blocks (default: sized to memory)"
-    )
-    engine.add_argument(
-        "--enable-prefix-caching",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="reuse KV blocks of shared prompt prefixes (default: on)",
-    )
-    engine.add_argument("--seed", type=int, default=0, help="engine random seed (default: 0)")
-    engine.add_argument(
-        "--trust-remote-code", action="store_true", help="run code shipped with the model (off)"
-    )
+    engine = parser.add_argument_group("engine options (vLLM's names; --model defaults to SmolLM2-135M)")
+    EngineConfig.add_cli_args(engine)
 
 
 def port_or_zero(text: str) -> int:
@@ -97,21 +75,13 @@ def main(args: argparse.Namespace) -> int:
     from backend.server.app import build_app
 
     api_key = api_key_from_env(args.api_key_env)
-    model = args.model or default_model()
-    print(f"Loading {model} ...", flush=True)
-    llm = LLM(
-        model,
-        dtype=args.dtype,
-        device=args.device,
-        block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        num_kv_blocks=args.num_kv_blocks,
-        enable_prefix_caching=args.enable_prefix_caching,
-        seed=args.seed,
-        trust_remote_code=args.trust_remote_code,
-    )
+    args.model = args.model or default_model()
+    try:
+        config = EngineConfig.from_cli_args(args)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    print(f"Loading {config.model} ...", flush=True)
+    llm = LLM(**asdict(config))
     engine = AsyncLLM(llm)
     app = build_app(
         lambda: engine,

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from backend.engine.config import EngineConfig
+
 if TYPE_CHECKING:
     from backend.engine import AsyncLLM
 
@@ -21,32 +23,15 @@ HISTORY_SECONDS = 180  # live charts keep about three minutes of one-per-second 
 
 
 @dataclass(slots=True)
-class LaunchConfig:
-    """Arguments of backend.engine.LLM, named as in vLLM."""
-
-    model: str
-    dtype: str = "auto"
-    device: str = "auto"
-    block_size: int = 16
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    max_model_len: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    enable_prefix_caching: bool = True
-    seed: int = 0
-    trust_remote_code: bool = False
-
-
-@dataclass(slots=True)
 class EngineStatus:
     state: str  # "stopped" | "loading" | "ready" | "failed"
-    config: LaunchConfig | None
+    config: EngineConfig | None
     error: str
     load_seconds: float  # time spent loading (so far, while loading)
 
 
-def build_engine(config: LaunchConfig) -> AsyncLLM:
-    from backend.engine import LLM, AsyncLLM
+def build_engine(config: EngineConfig) -> AsyncLLM:
+    from backend.engine import LLM, AsyncLLM  # torch loads on the first launch, not at app start
 
     return AsyncLLM(LLM(**asdict(config)))
 
@@ -54,12 +39,12 @@ def build_engine(config: LaunchConfig) -> AsyncLLM:
 class EngineHolder:
     """Launch / stop / relaunch the embedded engine safely from any thread."""
 
-    def __init__(self, engine_factory: Callable[[LaunchConfig], AsyncLLM] = build_engine) -> None:
+    def __init__(self, engine_factory: Callable[[EngineConfig], AsyncLLM] = build_engine) -> None:
         self._factory = engine_factory
         self._lock = threading.Lock()
         self._engine: AsyncLLM | None = None
         self._state = "stopped"
-        self._config: LaunchConfig | None = None
+        self._config: EngineConfig | None = None
         self._error = ""
         self._load_started = 0.0
         self._load_seconds = 0.0
@@ -74,7 +59,7 @@ class EngineHolder:
         seconds = time.monotonic() - self._load_started if self._state == "loading" else self._load_seconds
         return EngineStatus(self._state, self._config, self._error, seconds)
 
-    def launch(self, config: LaunchConfig) -> EngineStatus:
+    def launch(self, config: EngineConfig) -> EngineStatus:
         """Stop the current engine (if any) and load a new one. Never raises for a failed load:
         the error is kept in the status. Raises RuntimeError if another launch is still loading."""
         with self._lock:
