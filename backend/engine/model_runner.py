@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from backend.engine import cpu_kernels
 from backend.engine.attention import AttentionMetadata, PrefillChunk, pool_rows
 from backend.engine.models.llama import LlamaForCausalLM
 from backend.engine.scheduler import ScheduledSeq
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """One step's new tokens, decodes first: what the model reads and where their K/V go."""
+
+    input_ids: list[int]
+    positions: list[int]
+    slots: list[int]  # KV-pool slot of each token: block_id * block_size + offset
+    logits_rows: list[int]  # the rows whose logits are sampled (each sequence's last new token)
 
 
 class ModelRunner:
@@ -39,40 +51,17 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], torch.Tensor]:
-        """Run one step. Returns the sequences that sample (in row order) and their logits [n, vocab] fp32."""
+        """Run one step. Returns the sequences that sample (in row order) and their logits [n, vocab] fp32.
+
+        Rows are decodes first (one token each), then prefill chunks, like vLLM's V1 runner."""
         decodes = [s for s in scheduled if s.num_new_tokens == 1]
         prefills = [s for s in scheduled if s.num_new_tokens > 1]
         ordered = decodes + prefills
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        logits_rows: list[int] = []
-        chunks: list[PrefillChunk] = []
-        gather_blocks = 0  # the most blocks one layer gathers this step
-        pool_shape = self.kv_caches[0][0].shape[:2]  # (num_kv_heads, num_blocks)
-        for item in ordered:
-            seq, start = item.seq, item.seq.num_computed_tokens
-            end = start + item.num_new_tokens
-            row = len(input_ids)
-            input_ids.extend(seq.token_ids[start:end])
-            positions.extend(range(start, end))
-            table = seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            if item.num_new_tokens > 1:
-                rows = mask = None
-                if start:
-                    num_blocks = -(-end // bs)
-                    rows = pool_rows(table[:num_blocks], *pool_shape, self.device)
-                    query_pos = torch.arange(start, end, device=self.device)
-                    mask = torch.arange(end, device=self.device)[None, :] <= query_pos[:, None]
-                    gather_blocks = max(gather_blocks, num_blocks)
-                chunks.append(PrefillChunk(row, row + item.num_new_tokens, start, rows, mask))
-            if item.samples:
-                logits_rows.append(len(input_ids) - 1)
+        inputs = self.prepare_inputs(ordered)
+        chunks, prefill_blocks = self.prepare_prefill(prefills, first_row=len(decodes))
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, device=self.device),
-            positions=torch.tensor(positions, device=self.device),
+            slot_mapping=torch.tensor(inputs.slots, device=self.device),
+            positions=torch.tensor(inputs.positions, device=self.device),
             num_decodes=len(decodes),
             decode_rows=None,
             decode_mask=None,
@@ -81,34 +70,85 @@ class ModelRunner:
             prefills=chunks,
             gather_buffers=None,
         )
-        if decodes:
-            context_lens = [s.seq.num_computed_tokens + 1 for s in decodes]
-            max_blocks = -(-max(context_lens) // bs)
-            padded: list[int] = []
-            for s in decodes:
-                table = s.seq.block_table[:max_blocks]
-                padded += table + [0] * (max_blocks - len(table))
-            lens = torch.tensor(context_lens, device=self.device)
-            if self.decode_kernel:
-                meta.decode_block_tables = torch.tensor(padded).view(len(decodes), max_blocks)
-                meta.decode_context_lens = lens
-            else:
-                meta.decode_rows = pool_rows(padded, *pool_shape, self.device)
-                key_pos = torch.arange(max_blocks * bs, device=self.device)
-                meta.decode_mask = (key_pos[None, :] < lens[:, None])[:, None, None, :]
-                gather_blocks = max(gather_blocks, len(decodes) * max_blocks)
-        if gather_blocks:
-            size = gather_blocks * self.kv_caches[0][0][:, 0].numel()
-            meta.gather_buffers = (
-                torch.empty(size, dtype=self.dtype, device=self.device),
-                torch.empty(size, dtype=self.dtype, device=self.device),
-            )
+        decode_blocks = self.prepare_decode(decodes, meta) if decodes else 0
+        meta.gather_buffers = self.gather_buffers(max(prefill_blocks, decode_blocks))
+        logits = self.run(inputs, meta)
+        return [s for s in ordered if s.samples], logits
+
+    def prepare_inputs(self, ordered: list[ScheduledSeq]) -> StepInputs:
+        """Token ids, positions and KV-pool slots of every new token, and the rows that sample."""
+        bs = self.block_size
+        inputs = StepInputs([], [], [], [])
+        for item in ordered:
+            seq, start = item.seq, item.seq.num_computed_tokens
+            end = start + item.num_new_tokens
+            inputs.input_ids.extend(seq.token_ids[start:end])
+            inputs.positions.extend(range(start, end))
+            inputs.slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(start, end))
+            if item.samples:
+                inputs.logits_rows.append(len(inputs.input_ids) - 1)
+        return inputs
+
+    def prepare_prefill(self, prefills: list[ScheduledSeq], first_row: int) -> tuple[list[PrefillChunk], int]:
+        """One PrefillChunk per prefilling sequence, and the most blocks one of them gathers.
+
+        A chunk after a sequence's first attends over its earlier tokens too, read from the pool through
+        its block table with a causal mask; a first chunk attends over its own rows only."""
+        bs = self.block_size
+        pool_shape = self.kv_caches[0][0].shape[:2]  # (num_kv_heads, num_blocks)
+        chunks: list[PrefillChunk] = []
+        gather_blocks, row = 0, first_row
+        for item in prefills:
+            start = item.seq.num_computed_tokens
+            end = start + item.num_new_tokens
+            rows = mask = None
+            if start:
+                num_blocks = -(-end // bs)
+                rows = pool_rows(item.seq.block_table[:num_blocks], *pool_shape, self.device)
+                query_pos = torch.arange(start, end, device=self.device)
+                mask = torch.arange(end, device=self.device)[None, :] <= query_pos[:, None]
+                gather_blocks = max(gather_blocks, num_blocks)
+            chunks.append(PrefillChunk(row, row + item.num_new_tokens, start, rows, mask))
+            row += item.num_new_tokens
+        return chunks, gather_blocks
+
+    def prepare_decode(self, decodes: list[ScheduledSeq], meta: AttentionMetadata) -> int:
+        """Fill meta's decode fields: padded block tables for the CPU kernel, else pool rows and a mask
+        for the PyTorch path. Returns how many blocks the PyTorch path gathers (0 for the kernel)."""
+        bs = self.block_size
+        context_lens = [s.seq.num_computed_tokens + 1 for s in decodes]
+        max_blocks = -(-max(context_lens) // bs)
+        padded: list[int] = []
+        for s in decodes:
+            table = s.seq.block_table[:max_blocks]
+            padded += table + [0] * (max_blocks - len(table))
+        lens = torch.tensor(context_lens, device=self.device)
+        if self.decode_kernel:
+            meta.decode_block_tables = torch.tensor(padded).view(len(decodes), max_blocks)
+            meta.decode_context_lens = lens
+            return 0
+        meta.decode_rows = pool_rows(padded, *self.kv_caches[0][0].shape[:2], self.device)
+        key_pos = torch.arange(max_blocks * bs, device=self.device)
+        meta.decode_mask = (key_pos[None, :] < lens[:, None])[:, None, None, :]
+        return len(decodes) * max_blocks
+
+    def gather_buffers(self, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Scratch K and V buffers, reused by every layer, for the blocks the PyTorch paths gather."""
+        if not num_blocks:
+            return None
+        size = num_blocks * self.kv_caches[0][0][:, 0].numel()
+        return (
+            torch.empty(size, dtype=self.dtype, device=self.device),
+            torch.empty(size, dtype=self.dtype, device=self.device),
+        )
+
+    def run(self, inputs: StepInputs, meta: AttentionMetadata) -> torch.Tensor:
+        """The model's forward pass; logits [len(logits_rows), vocab] fp32."""
         logits = self.model(
-            torch.tensor(input_ids, device=self.device),
+            torch.tensor(inputs.input_ids, device=self.device),
             meta.positions,
             self.kv_caches,
             meta,
-            torch.tensor(logits_rows, device=self.device, dtype=torch.long),
+            torch.tensor(inputs.logits_rows, device=self.device, dtype=torch.long),
         )
-        sampling = [s for s in ordered if s.samples]
-        return sampling, logits.float()
+        return logits.float()
