@@ -22,17 +22,6 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
-def port_number(text: str) -> int:
-    """argparse type for a TCP port."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"port must be an integer in 1-65535, got {text!r}") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be an integer in 1-65535, got {port}")
-    return port
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="app.py",

@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 import pytest
 
 from backend.engine.config import EngineConfig
+from backend.export.supervisor import ExternalServers
 from backend.server.engine_holder import EngineHolder, build_engine
 from tests.conftest import free_port
 from tests.test_engine_support import tiny_model
@@ -348,13 +349,13 @@ def test_external_server_runs_the_exported_command_fake_vllm_executable(tmp_path
     fake.write_text(f'#!/bin/sh\necho "$@" > {record}\nexec sleep 60\n')
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    servers = external.ExternalServers()
+    servers = ExternalServers()
     plan = plan_tab.estimate_plan(*PLAN_FORM.values())[6]
-    assert is_error(servers.start(None, "vllm", 8011), "no plan yet")
-    assert is_error(servers.start(plan, "vllm", -1), "port")
-    assert is_error(servers.start(plan, "llamacpp", 8011), "llama-server")
-    assert "msg-ok" in servers.start(plan, "vllm", 8011)
-    assert is_error(servers.start(plan, "vllm", 8011), "already running")
+    assert is_error(external.start(servers, None, "vllm", 8011), "no plan yet")
+    assert is_error(external.start(servers, plan, "vllm", -1), "port")
+    assert is_error(external.start(servers, plan, "llamacpp", 8011), "llama-server")
+    assert "msg-ok" in external.start(servers, plan, "vllm", 8011)
+    assert is_error(external.start(servers, plan, "vllm", 8011), "already running")
     for _ in range(100):
         if record.exists() and record.read_text():
             break
@@ -362,5 +363,5 @@ def test_external_server_runs_the_exported_command_fake_vllm_executable(tmp_path
     argv = record.read_text()
     assert argv.startswith("serve meta-llama/Llama-3.1-8B-Instruct") and "--port 8011" in argv
     process = servers.processes["vllm"]
-    assert "msg-ok" in servers.stop("vllm") and process.poll() is not None
-    assert is_error(servers.stop("vllm"), "no vllm server")
+    assert "msg-ok" in external.stop(servers, "vllm") and process.poll() is not None
+    assert is_error(external.stop(servers, "vllm"), "no vllm server")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from backend.cli_args import port_number
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from app import port_number
-
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument("--port", type=port_number, default=7860, help="port (default: 7860)")
     parser.add_argument("--model", default=None, help="model for the playground (default: SmolLM2-135M)")

@@ -5,10 +5,15 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from backend.engine.llm_engine import LLMEngine
+    import torch
+
+    from backend.engine.block_manager import BlockManager
+    from backend.engine.config import EngineConfig
+    from backend.engine.model_runner import ModelRunner
+    from backend.engine.scheduler import Scheduler
 
 
 @dataclass(slots=True)
@@ -26,6 +31,21 @@ class EngineCounters:
         self.step_time_total_s += seconds
 
 
+class StatsSource(Protocol):
+    """What engine_stats reads: LLMEngine's parts (a Protocol, so this module does not import the engine)."""
+
+    config: EngineConfig
+    model_name: str
+    device: torch.device
+    dtype: torch.dtype
+    weights_bytes: int
+    max_model_len: int
+    block_manager: BlockManager
+    scheduler: Scheduler
+    runner: ModelRunner
+    counters: EngineCounters
+
+
 def _snapshot(items) -> list:
     """A copy of a list/deque that another thread may be changing."""
     while True:
@@ -35,7 +55,7 @@ def _snapshot(items) -> list:
             continue
 
 
-def engine_stats(engine: LLMEngine) -> dict:
+def engine_stats(engine: StatsSource) -> dict:
     import psutil
 
     bm, sched, counters, cfg = engine.block_manager, engine.scheduler, engine.counters, engine.config

@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from backend.cli_args import port_number
 from backend.export.base import DTYPES, SPECULATIVE_METHODS
 from backend.export.files import ENGINES, FORMATS
 
@@ -38,8 +39,6 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from app import port_number
-
     parser.add_argument("--engine", nargs="+", default=["vllm"], choices=[*ENGINES, "all"])
     parser.add_argument("--format", nargs="+", default=["shell"], choices=[*FORMATS, "all"])
     parser.add_argument("--out", type=Path, required=True, help="folder to write the files into")

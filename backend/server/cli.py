@@ -6,6 +6,7 @@ import argparse
 import os
 from dataclasses import asdict
 
+from backend.cli_args import port_or_zero
 from backend.engine.config import EngineConfig
 
 
@@ -47,12 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     engine = parser.add_argument_group("engine options (vLLM's names; --model defaults to SmolLM2-135M)")
     EngineConfig.add_cli_args(engine)
-
-
-def port_or_zero(text: str) -> int:
-    from app import port_number
-
-    return 0 if text == "0" else port_number(text)
 
 
 def api_key_from_env(var: str | None) -> str | None:

@@ -1,0 +1,67 @@
+"""backend/ is a layer below ui/ and app.py: its import graph (read from the source, lazy imports included)
+has no cycles, and no backend module imports ui, app or gradio."""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+FORBIDDEN = ("ui", "app", "gradio")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_names(path: Path, package: str) -> set[str]:
+    """Every module that path imports, at the top or inside a function; `from a import b` counts as
+    importing the submodule a.b when there is one."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                parts = package.split(".")
+                base = ".".join([*parts[: len(parts) - node.level + 1], base]).strip(".")
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def backend_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """(module -> the backend modules it imports, module -> the ui/app/gradio modules it imports)."""
+    files = {module_name(p): p for p in (ROOT / "backend").rglob("*.py")}
+    graph, external = {}, {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        imported = imported_names(path, package)
+        # `from backend.engine import cpu_kernels` reaches the submodule, not only the package
+        graph[name] = {t for t in imported if t in files and t != name}
+        external[name] = {t for t in imported if t.split(".")[0] in FORBIDDEN}
+    return graph, external
+
+
+def test_graph_sees_the_backend():
+    graph, _ = backend_graph()
+    assert len(graph) > 50
+    assert "backend.engine.config" in graph["backend.engine.llm"]
+    assert "backend.engine.config" in graph["backend.server.cli"]
+
+
+def test_a_cycle_is_found():
+    with pytest.raises(graphlib.CycleError):
+        graphlib.TopologicalSorter({"a": {"b"}, "b": {"c"}, "c": {"a"}}).prepare()
+
+
+def test_backend_imports_no_ui_app_or_gradio():
+    _, external = backend_graph()
+    upward = {name: sorted(targets) for name, targets in external.items() if targets}
+    assert not upward, f"backend modules importing ui/, app.py or gradio: {upward}"
