@@ -87,3 +87,57 @@ def long_context_tiny_model() -> str:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+class ServeProcess:
+    """`python app.py serve` in a subprocess on a free 127.0.0.1 port, stopped by process id."""
+
+    def __init__(self, log_path: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        import os
+        import subprocess
+        import sys
+
+        from tests.conftest import ROOT, free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        command = [sys.executable, "app.py", "serve", "--port", str(self.port), *args]
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        with log_path.open("w") as out:
+            self.proc = subprocess.Popen(
+                command, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT
+            )
+        try:
+            wait_until(self._ready, timeout_s=180, what="`app.py serve` to answer /health")
+        except AssertionError:
+            self.stop()
+            raise AssertionError(f"the server did not start:\n{log_path.read_text()[-3000:]}") from None
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the server exited:\n{self.log_path.read_text()[-3000:]}")
+        try:
+            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def metric(self, name: str) -> float:
+        """One unlabelled-or-single-series sample from /metrics."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        for family in text_string_to_metric_families(scrape(self.url)):
+            for sample in family.samples:
+                if sample.name == name:
+                    return sample.value
+        raise KeyError(name)
+
+    def stop(self) -> None:
+        import subprocess
+
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # a server that ignores SIGTERM is killed
+            self.proc.kill()
+            self.proc.wait(timeout=30)

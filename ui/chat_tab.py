@@ -105,7 +105,7 @@ async def chat(ctx: AppContext, text: str, shown: list, system: str, *controls: 
     request_id = f"chat-{uuid.uuid4().hex[:8]}"
     started, first_token, out = time.time(), None, None
     try:
-        ids = prompt_token_ids(engine, system or "", history)
+        ids = await engine.run_in_tokenizer(prompt_token_ids, engine, system or "", history)
         async for out in engine.generate(ids, params, request_id=request_id):
             if first_token is None and out.outputs[0].token_ids:
                 first_token = time.time()
@@ -116,7 +116,7 @@ async def chat(ctx: AppContext, text: str, shown: list, system: str, *controls: 
                 "",
                 request_id,
             )
-    except Exception as exc:  # prompt too long, engine stopped under us: show it, keep the UI alive
+    except Exception as exc:  # prompt too long, queue full, engine stopped: show it, keep the UI alive
         yield history, gr.skip(), "", error_message(describe(exc)), ""
         return
     completion = out.outputs[0]

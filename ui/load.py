@@ -75,7 +75,9 @@ async def fire_load(ctx: AppContext, num_requests: Any, max_tokens: Any) -> Asyn
             count = len(out.outputs[0].token_ids)
         return count
 
-    tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(load_prompts(engine, n))]
+    prompts = await engine.run_in_tokenizer(load_prompts, engine, n)
+    # each request passes the engine's admission (waiting-queue limit) like an HTTP request does
+    tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(prompts)]
     loop = asyncio.get_running_loop()
     started, finished, generated, failures = loop.time(), 0, 0, []
     yield f"<div class='msg msg-info' id='load-status'>{n} requests sent…</div>"

@@ -1,31 +1,52 @@
 """AsyncLLM: a background thread steps the engine; asyncio callers stream outputs and abort requests.
 
-All engine mutation happens on the stepping thread: generate() and abort() only enqueue commands, so a
-caller never waits for a model step. Outputs travel back through one asyncio.Queue per request.
+All engine mutation happens on the stepping thread: add_request() and abort() only enqueue commands, so a
+caller never waits for a model step. add_request() admits a request at once, on the caller's thread:
+it validates the prompt and counts it against max_waiting_requests together with every request
+accepted but not yet scheduled, so a burst cannot overfill the queue. Outputs travel back through one
+RequestOutputCollector per request (newest output only). Whatever a request raises fails that request;
+if the stepping thread itself stops, the engine is marked dead (``errored``) and every caller, waiting
+or new, gets EngineDeadError at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import logging
 import queue
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from backend.engine.exceptions import EngineDeadError, EngineGenerateError, EngineOverloadedError
 from backend.engine.llm import LLM
+from backend.engine.output_collector import RequestOutputCollector
 from backend.engine.outputs import RequestOutput
 from backend.engine.sampling_params import SamplingParams
 
+log = logging.getLogger(__name__)
+DEFAULT_MAX_WAITING_REQUESTS = 256
+
 
 class AsyncLLM:
-    def __init__(self, llm: LLM) -> None:
+    def __init__(self, llm: LLM, max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS) -> None:
+        if max_waiting_requests < 0:
+            raise ValueError(f"max_waiting_requests must be >= 0, got {max_waiting_requests}")
         self.llm = llm
         self.engine = llm.llm_engine
+        self.max_waiting_requests = max_waiting_requests
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._lock = threading.Lock()  # guards _collectors, _num_pending and _dead
+        self._collectors: dict[str, RequestOutputCollector] = {}
+        self._num_pending = 0  # accepted by add_request, not yet handed to the engine
+        self._dead: EngineDeadError | None = None
         self._wakeup = threading.Event()
-        self._stopped = False
+        # one thread, as vLLM: tokenizers are not safe to share between threads
+        self._tokenizer_executor = ThreadPoolExecutor(1, thread_name_prefix="AsyncLLM-tokenizer")
         self._thread = threading.Thread(target=self._run, name="AsyncLLM-engine", daemon=True)
         self._thread.start()
 
@@ -41,36 +62,87 @@ class AsyncLLM:
     def max_model_len(self) -> int:
         return self.llm.max_model_len
 
+    @property
+    def errored(self) -> bool:
+        """True once the stepping thread has stopped (shut down or died): nothing more is served."""
+        return self._dead is not None
+
     def stats(self) -> dict:
-        return self.engine.stats()
+        with self._lock:  # the stepping thread adds a request, then uncounts it under this lock
+            stats = self.engine.stats()
+            stats["num_requests_waiting"] += self._num_pending
+        return stats
+
+    async def run_in_tokenizer(self, function: Callable[..., Any], *args: Any) -> Any:
+        """Run a tokenizer call (encode, chat template) off the event loop, on the tokenizer thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenizer_executor, functools.partial(function, *args))
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        prompt: str | None = None,
+        max_waiting_requests: int | None = None,
+    ) -> RequestOutputCollector:
+        """Admit one tokenized request now, or raise: ValueError (bad input), EngineOverloadedError (more
+        than max_waiting_requests, or the caller's stricter limit, already wait), EngineDeadError.
+        Read its outputs with outputs(request_id, collector)."""
+        _, ids = self.engine.process_inputs(prompt_token_ids, params)
+        limit = self.max_waiting_requests
+        if max_waiting_requests is not None:
+            limit = min(limit, max_waiting_requests)
+        with self._lock:
+            if self._dead is not None:
+                raise self._dead
+            if request_id in self._collectors:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+            waiting = self._num_pending + len(self.engine.scheduler.waiting)
+            if waiting >= limit:
+                raise EngineOverloadedError(
+                    f"The server is overloaded: {waiting} requests are waiting (the limit is {limit}). "
+                    "Retry later."
+                )
+            collector = RequestOutputCollector(asyncio.get_running_loop())
+            self._collectors[request_id] = collector
+            self._num_pending += 1
+        self._send(("add", request_id, prompt, ids, params))
+        return collector
+
+    async def outputs(
+        self, request_id: str, collector: RequestOutputCollector
+    ) -> AsyncIterator[RequestOutput]:
+        """Cumulative outputs of an admitted request; the last has finished=True. Closing the iterator
+        early aborts the request, which frees its KV blocks at once."""
+        finished = False
+        try:
+            while not finished:
+                out = await collector.get()
+                finished = out.finished
+                yield out
+        finally:
+            with self._lock:
+                self._collectors.pop(request_id, None)
+            if not finished:  # the consumer went away (or the request failed: then a no-op)
+                self._send(("abort", request_id))
 
     async def generate(
         self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None
     ) -> AsyncIterator[RequestOutput]:
         """Stream cumulative outputs of one request; the last has finished=True."""
-        if self._stopped:
-            raise RuntimeError("AsyncLLM has been shut down")
         params = params if params is not None else SamplingParams()
         request_id = request_id or f"req-{uuid.uuid4().hex}"
-        if request_id in self._streams:
-            raise ValueError(f"request_id {request_id!r} is already in use")
-        text, token_ids = self.engine.process_inputs(prompt, params)
-        outputs: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = (asyncio.get_running_loop(), outputs)
-        self._send(("add", request_id, text, token_ids, params))
-        finished = False
+        text, ids = None, prompt
+        if isinstance(prompt, str):
+            text, ids = await self.run_in_tokenizer(self.engine.process_inputs, prompt, params)
+        collector = self.add_request(request_id, ids, params, prompt=text)
+        stream = self.outputs(request_id, collector)
         try:
-            while not finished:
-                out = await outputs.get()
-                if isinstance(out, BaseException):
-                    finished = True
-                    raise out
-                finished = out.finished
+            async for out in stream:
                 yield out
         finally:
-            self._streams.pop(request_id, None)
-            if not finished:  # the consumer went away: free the request's blocks
-                self._send(("abort", request_id))
+            await stream.aclose()
 
     def abort(self, request_id: str) -> None:
         """Thread-safe: the request's stream ends with finish_reason "abort"."""
@@ -78,17 +150,30 @@ class AsyncLLM:
 
     def shutdown(self) -> None:
         """Abort everything and stop the stepping thread (idempotent)."""
-        if self._stopped:
-            return
-        self._stopped = True
         self._send(("stop",))
         self._thread.join()
+        self._tokenizer_executor.shutdown(wait=False)
 
     def _send(self, command: tuple) -> None:
         self._commands.put(command)
         self._wakeup.set()
 
+    # ---- the stepping thread ----
     def _run(self) -> None:
+        reason = "the engine was shut down"
+        try:
+            self._serve()
+        except BaseException as exc:  # the loop itself failed (a bug or a fatal error): the engine is dead
+            log.exception("the engine's stepping thread stopped")
+            reason = f"the engine's stepping thread stopped ({type(exc).__name__}: {exc}); relaunch it"
+        with self._lock:
+            self._dead = EngineDeadError(reason)
+            left = list(self._collectors.values())
+        for collector in left:  # nobody may wait for a thread that is gone
+            with contextlib.suppress(RuntimeError):  # that caller's event loop is closed
+                collector.put(self._dead)
+
+    def _serve(self) -> None:
         while True:
             self._wakeup.wait()
             self._wakeup.clear()
@@ -97,11 +182,12 @@ class AsyncLLM:
             while self.engine.has_unfinished_requests() and self._commands.empty():
                 try:
                     outputs = self.engine.step()
-                except Exception as exc:  # keep serving: fail the requests in flight, free their blocks
+                except Exception as exc:  # step() fails requests itself; this is a bug there: fail all
+                    log.exception("engine step failed")
                     self._fail_all(exc)
                     break
                 for out in outputs:
-                    self._deliver(out.request_id, out)
+                    self._deliver_output(out)
             if not self._commands.empty():
                 self._wakeup.set()
 
@@ -110,11 +196,7 @@ class AsyncLLM:
         while not self._commands.empty():
             command = self._commands.get()
             if command[0] == "add":
-                _, request_id, text, token_ids, params = command
-                try:
-                    self.engine.add_processed_request(request_id, text, token_ids, params)
-                except ValueError as exc:
-                    self._deliver(request_id, exc)
+                self._add(*command[1:])
             elif command[0] == "abort":
                 out = self.engine.abort_request(command[1])
                 if out is not None:
@@ -125,17 +207,42 @@ class AsyncLLM:
                 return False
         return True
 
+    def _add(self, request_id: str, prompt: str | None, ids: list[int], params: SamplingParams) -> None:
+        try:
+            self.engine.add_processed_request(request_id, prompt, ids, params)
+        except ValueError as exc:  # the request's own fault
+            self._deliver(request_id, exc)
+        except Exception as exc:  # anything else while adding fails this request only
+            log.exception("adding request %s failed", request_id)
+            self.engine.abort_request(request_id)
+            self._deliver(request_id, EngineGenerateError(f"adding the request failed: {_describe(exc)}"))
+        finally:
+            with self._lock:
+                self._num_pending -= 1
+
     def _fail_all(self, exc: Exception) -> None:
         for request_id in list(self.engine.requests):
             self.engine.abort_request(request_id)
-            self._deliver(request_id, RuntimeError(f"engine step failed: {type(exc).__name__}: {exc}"))
+            self._deliver(request_id, EngineGenerateError(f"engine step failed: {_describe(exc)}"))
+
+    def _deliver_output(self, out: RequestOutput) -> None:
+        if out.error is not None:
+            self._deliver(out.request_id, EngineGenerateError(out.error))
+        else:
+            self._deliver(out.request_id, out)
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
-        stream = self._streams.get(request_id)
-        if stream is None:
+        with self._lock:
+            collector = self._collectors.get(request_id)
+            if collector is not None and (isinstance(item, BaseException) or item.finished):
+                del self._collectors[request_id]  # final: nothing more goes to it
+        if collector is None:
             return
-        loop, outputs = stream
         try:
-            loop.call_soon_threadsafe(outputs.put_nowait, item)
+            collector.put(item)
         except RuntimeError:  # the caller's event loop is closed: nobody listens any more
             self.engine.abort_request(request_id)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

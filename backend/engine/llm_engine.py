@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import time
+from typing import Any
 
 from backend.engine.block_manager import BlockManager
 from backend.engine.config import EngineConfig
 from backend.engine.detokenizer import IncrementalDetokenizer
 from backend.engine.device import kv_cache_budget_bytes, resolve_device, resolve_dtype
+from backend.engine.fault_injection import fault_injector_from_env
 from backend.engine.loader import load_model, rope_tables
 from backend.engine.model_runner import ModelRunner
 from backend.engine.output_processor import append_token, token_logprobs
@@ -18,6 +21,8 @@ from backend.engine.sampling_params import SamplingParams
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence
 from backend.engine.stats import EngineCounters, engine_stats
+
+log = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -43,6 +48,7 @@ class LLMEngine:
         self.sampler = Sampler(config.seed)
         self.requests: dict[str, Request] = {}
         self.counters = EngineCounters()
+        self.fault_injector = fault_injector_from_env(self.tokenizer)  # test-only; None unless set
 
     def _size_kv_pool(self, model) -> tuple[int, int]:
         """(number of KV blocks, max_model_len): the pool always holds at least one max-length sequence."""
@@ -136,22 +142,39 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request and free its blocks at once; returns its final output (None if unknown)."""
+        return self._finish_request(request_id, "abort")
+
+    def _finish_request(self, request_id: str, reason: str, error: str | None = None) -> RequestOutput | None:
         request = self.requests.pop(request_id, None)
         if request is None:
             return None
         for seq in request.seqs:
             if not seq.is_finished:
-                seq.finish_reason = "abort"
+                seq.finish_reason = reason
                 self.scheduler.finish(seq)
         request.metrics.finished_time = time.time()
         self.counters.num_requests_finished += 1
-        return request.output()
+        out = request.output()
+        out.error = error
+        return out
+
+    def _fail_requests(self, failed: dict[str, str]) -> list[RequestOutput]:
+        """Fail each request (id -> why) alone: finish_reason "error", blocks freed, the rest go on."""
+        outputs = []
+        for request_id, why in failed.items():
+            log.error("request %s failed in the engine: %s", request_id, why)
+            out = self._finish_request(request_id, "error", why)
+            if out is not None:
+                outputs.append(out)
+        return outputs
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
     # ---- the step ----
     def step(self) -> list[RequestOutput]:
+        """schedule -> run the model -> sample -> update. An exception fails only the requests it can be
+        pinned on (all of the batch when the shared forward pass fails); the engine keeps serving."""
         start = time.perf_counter()
         scheduled = self.scheduler.schedule()
         if not scheduled:
@@ -160,31 +183,33 @@ class LLMEngine:
         for item in scheduled:
             if item.seq.metrics.first_scheduled_time is None:
                 item.seq.metrics.first_scheduled_time = now
-        sampling, logits = self.runner.execute(scheduled)
+        try:
+            self._check_fault("execute", [item.seq for item in scheduled])
+            sampling, logits = self.runner.execute(scheduled)
+        except Exception as exc:  # one forward pass serves the whole batch: fail the requests in it
+            why = f"running the model failed: {_describe(exc)}"
+            return self._fail_requests({item.seq.request_id: why for item in scheduled})
+        failed: dict[str, str] = {}
         for item in scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.cache_full_blocks(item.seq)
         seqs = [item.seq for item in sampling]
-        tokens, logprobs = self.sampler.sample(logits, seqs)
-        now = time.time()
+        tokens, logprobs = self._sample(logits, seqs, failed)
         touched: dict[str, Request] = {}
+        now = time.time()
         for row, (seq, token_id) in enumerate(zip(seqs, tokens, strict=True)):
-            if seq.num_output_tokens == 0 and seq.index == 0:
-                self.counters.prompt_tokens += seq.num_prompt_tokens
-            if seq.logprobs is not None:
-                seq.logprobs.append(
-                    token_logprobs(logprobs[row], token_id, seq.params.logprobs, self.tokenizer)
-                )
-            append_token(seq, token_id, self.eos_token_ids, self.max_model_len)
-            if seq.finish_reason is not None:
-                self.scheduler.finish(seq)
-            metrics = seq.metrics
-            metrics.first_token_time = metrics.first_token_time or now
-            metrics.last_token_time = now
+            if token_id is None or seq.request_id in failed:
+                continue
+            try:
+                self._update(seq, token_id, None if logprobs is None else logprobs[row], now)
+            except Exception as exc:  # detokenizing or a stop check of this sequence failed
+                failed[seq.request_id] = f"processing the output failed: {_describe(exc)}"
+                continue
             touched[seq.request_id] = self.requests[seq.request_id]
-        self.counters.generation_tokens += len(tokens)
-        outputs = []
+        outputs = self._fail_requests(failed)
         for request in touched.values():
+            if request.request_id in failed:
+                continue
             if request.finished:
                 request.metrics.finished_time = now
                 del self.requests[request.request_id]
@@ -193,5 +218,47 @@ class LLMEngine:
         self.counters.record_step(time.perf_counter() - start)
         return outputs
 
+    def _sample(self, logits, seqs: list[Sequence], failed: dict[str, str]) -> tuple[list, Any]:
+        """Tokens per row (None where that row failed) and the logprob rows (or None)."""
+        try:
+            self._check_fault("sample", seqs)
+            return self.sampler.sample(logits, seqs)
+        except Exception:  # find the rows at fault: sample each alone
+            tokens: list[int | None] = []
+            rows: list = []
+            for i, seq in enumerate(seqs):
+                try:
+                    self._check_fault("sample", [seq])
+                    (token,), logprobs = self.sampler.sample(logits[i : i + 1], [seq])
+                    tokens.append(token)
+                    rows.append(None if logprobs is None else logprobs[0])
+                except Exception as exc:  # this row's own parameters or state
+                    failed[seq.request_id] = f"sampling failed: {_describe(exc)}"
+                    tokens.append(None)
+                    rows.append(None)
+            return tokens, rows
+
+    def _update(self, seq: Sequence, token_id: int, logprobs_row, now: float) -> None:
+        """Append one sampled token to seq: logprobs, detokenization, stop checks, metrics."""
+        if seq.num_output_tokens == 0 and seq.index == 0:
+            self.counters.prompt_tokens += seq.num_prompt_tokens
+        if seq.logprobs is not None:
+            seq.logprobs.append(token_logprobs(logprobs_row, token_id, seq.params.logprobs, self.tokenizer))
+        append_token(seq, token_id, self.eos_token_ids, self.max_model_len)
+        if seq.finish_reason is not None:
+            self.scheduler.finish(seq)
+        metrics = seq.metrics
+        metrics.first_token_time = metrics.first_token_time or now
+        metrics.last_token_time = now
+        self.counters.generation_tokens += 1
+
+    def _check_fault(self, phase: str, seqs: list[Sequence]) -> None:
+        if self.fault_injector is not None:
+            self.fault_injector.check(phase, seqs)
+
     def stats(self) -> dict:
         return engine_stats(self)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

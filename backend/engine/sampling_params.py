@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+# torch.Generator.manual_seed takes a 64-bit integer; vLLM bounds seed to int64 the same way
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+# below this a temperature overflows the logits to inf/NaN; vLLM raises it to this value (_MAX_TEMP)
+MIN_TEMPERATURE = 1e-2
+# OpenAI and TGI (--max-stop-sequences) allow 4 stop strings; a generous bound keeps the per-token
+# stop check cheap, so one request cannot slow the batch
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 1024
 
 
 @dataclass(slots=True)
@@ -25,44 +38,54 @@ class SamplingParams:
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
-        _check(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
-        _check(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
+        _check(_is_int(self.n) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
         _check(
-            isinstance(self.top_k, int) and self.top_k >= -1,
+            _is_real(self.temperature) and self.temperature >= 0.0,
+            f"temperature must be >= 0, got {self.temperature}",
+        )
+        _check(_is_real(self.top_p) and 0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
+        _check(
+            _is_int(self.top_k) and self.top_k >= -1,
             f"top_k must be -1 or 0 (off) or an integer >= 1, got {self.top_k!r}",
         )
-        _check(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}")
         _check(
-            self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+            _is_real(self.min_p) and 0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}"
+        )
+        _check(
+            self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
             f"max_tokens must be an integer >= 1 (or None), got {self.max_tokens!r}",
         )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(_is_real(value) and -2.0 <= value <= 2.0, f"{name} must be in [-2, 2], got {value}")
         _check(
-            -2.0 <= self.presence_penalty <= 2.0,
-            f"presence_penalty must be in [-2, 2], got {self.presence_penalty}",
+            _is_real(self.repetition_penalty) and self.repetition_penalty > 0.0,
+            f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}",
         )
         _check(
-            -2.0 <= self.frequency_penalty <= 2.0,
-            f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}",
-        )
-        _check(
-            self.repetition_penalty > 0.0,
-            f"repetition_penalty must be > 0, got {self.repetition_penalty}",
-        )
-        _check(
-            self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20),
+            self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20),
             f"logprobs must be None or an integer in [0, 20], got {self.logprobs!r}",
         )
         _check(
-            self.seed is None or isinstance(self.seed, int),
-            f"seed must be None or an integer, got {self.seed!r}",
+            self.seed is None or (_is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX),
+            f"seed must be None or an integer in [{SEED_MIN}, {SEED_MAX}], got {self.seed!r}",
         )
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        _check(all(isinstance(s, str) and s for s in stops), "stop must be non-empty strings")
-        self.stop_strings = stops
+        self.stop_strings = _stop_strings(self.stop)
         self.stop_token_ids = list(self.stop_token_ids or [])
+        _check(
+            len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS and all(map(_is_int, self.stop_token_ids)),
+            f"stop_token_ids must be at most {MAX_STOP_TOKEN_IDS} integers",
+        )
         if self.top_k == 0:
             self.top_k = -1
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            log.warning(
+                "temperature %s is below %s (inf/NaN logits); using %s",
+                self.temperature,
+                MIN_TEMPERATURE,
+                MIN_TEMPERATURE,
+            )
+            self.temperature = MIN_TEMPERATURE
 
     @property
     def greedy(self) -> bool:
@@ -71,6 +94,30 @@ class SamplingParams:
     @property
     def needs_penalties(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+
+def _stop_strings(stop: str | list[str] | None) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    _check(all(isinstance(s, str) and s for s in stops), "stop must be non-empty strings")
+    _check(
+        len(stops) <= MAX_STOP_STRINGS,
+        f"stop may hold at most {MAX_STOP_STRINGS} strings, got {len(stops)}",
+    )
+    longest = max(map(len, stops), default=0)
+    _check(
+        longest <= MAX_STOP_STRING_CHARS,
+        f"each stop string may be at most {MAX_STOP_STRING_CHARS} characters, got one of {longest}",
+    )
+    return stops
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    """A finite int or float: NaN and infinities never reach torch."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check(ok: bool, message: str) -> None:

@@ -49,8 +49,11 @@ def build_app(
 
     @app.get("/health")
     async def health() -> Response:
-        if engine_provider() is None:
+        engine = engine_provider()
+        if engine is None:
             return JSONResponse({"status": "no engine running"}, status_code=503)
+        if engine.errored:
+            return JSONResponse({"status": "the engine stopped after an internal error"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")

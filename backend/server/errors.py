@@ -69,7 +69,7 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
             continue
         where = ".".join(loc) or "body"
         param = param or where
-        text = f"{where}: {err.get('msg', 'invalid value')}"
+        text = f"{where}: {err.get('msg', 'invalid value').removeprefix('Value error, ')}"
         value = err.get("input")
         if err.get("type") != "missing" and isinstance(value, str | int | float | bool):
             text += f" (got {value!r})"

@@ -6,21 +6,56 @@ best_of, suffix) are refused with a message that says so.
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from backend.engine.sampling_params import SEED_MAX, SEED_MIN
 from backend.server.errors import OpenAIError
+
+MAX_JSON_DEPTH = 64  # request bodies are shallow; deeper nesting is refused before it is walked
+
+
+def check_json_values(value: Any, where: str = "body", depth: int = 0) -> None:
+    """Refuse what standard JSON cannot carry but Python's parser lets through: NaN and Infinity
+    (non-standard constants) and lone UTF-16 surrogates in strings ("\\ud800"), anywhere in the body."""
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: {value} is not a JSON number (NaN and Infinity are not allowed)")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{where}: the text holds a lone surrogate (invalid Unicode)") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_json_values(key, where, depth + 1)
+            check_json_values(item, f"{where}.{key}", depth + 1)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_json_values(item, f"{where}[{i}]", depth + 1)
+
+
+class StrictJSON(BaseModel):
+    """Base of the request bodies: the whole raw body is checked once, before field validation."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _standard_json_only(cls, data: Any) -> Any:
+        check_json_values(data)
+        return data
 
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(StrictJSON):
     """Parameters shared by /v1/completions and /v1/chat/completions (plus vLLM's extras)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -30,7 +65,7 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)  # torch.Generator's 64-bit range
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     user: str | None = None

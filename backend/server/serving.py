@@ -1,8 +1,9 @@
 """The OpenAI routes: /v1/models, /v1/completions, /v1/chat/completions.
 
-Each request is tokenized here (chat template included, so usage counts are exact), checked against
-the context length and the waiting-queue limit, then run on the engine as a ``Job``. A job whose
-client goes away is aborted at once, which frees its KV blocks.
+Each request is tokenized here, off the event loop (chat template included, so usage counts are exact),
+checked against the context length, then admitted by the engine (input checks and the waiting-queue
+limit) before any response starts, so a refused request gets its 4xx/503 even when it asked to stream.
+It then runs as a ``Job``; a job whose client goes away is aborted at once, which frees its KV blocks.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from backend.engine.exceptions import EngineDeadError, EngineGenerateError, EngineOverloadedError
 from backend.server.errors import OpenAIError, error_body
 from backend.server.metrics import ServerMetrics
 from backend.server.protocol import (
@@ -47,6 +49,13 @@ class ServingContext:
                 "engine_not_running",
                 headers={"Retry-After": "5"},
             )
+        if engine.errored:
+            raise OpenAIError(
+                503,
+                "The engine has stopped after an internal error: relaunch it.",
+                "engine_dead",
+                headers={"Retry-After": "5"},
+            )
         name = self.model_name(engine)
         if requested_model not in (None, name):
             raise OpenAIError(
@@ -57,47 +66,47 @@ class ServingContext:
             )
         return engine
 
-    def check_queue(self, engine) -> None:
-        waiting = engine.stats()["num_requests_waiting"]
-        if waiting >= self.max_waiting_requests:
-            raise OpenAIError(
-                503,
-                f"The server is overloaded: {waiting} requests are waiting (the limit is "
-                f"{self.max_waiting_requests}). Retry later.",
-                "queue_full",
-                headers={"Retry-After": "1"},
+    def admit(self, engine, prompt_ids: list[int], params, formatter: ResponseFormatter, include_usage):
+        """Hand the request to the engine now, so that a refusal is an HTTP error before any stream."""
+        try:
+            collector = engine.add_request(
+                formatter.id, prompt_ids, params, max_waiting_requests=self.max_waiting_requests
             )
+        except ValueError as exc:
+            raise OpenAIError(400, str(exc)) from None
+        except EngineOverloadedError as exc:
+            raise OpenAIError(503, str(exc), "queue_full", headers={"Retry-After": "1"}) from None
+        except EngineDeadError as exc:
+            raise OpenAIError(503, str(exc), "engine_dead", headers={"Retry-After": "5"}) from None
+        return Job(self, engine, collector, formatter, include_usage)
 
 
 class Job:
-    """One request on the engine, with its metrics; aborted if not finished when dropped."""
+    """One admitted request on the engine, with its metrics; aborted if not finished when dropped."""
 
-    def __init__(self, ctx: ServingContext, engine, prompt_ids: list[int], params, formatter, stream_usage):
+    def __init__(self, ctx: ServingContext, engine, collector, formatter, include_usage: bool):
         self.engine = engine
-        self.prompt_ids = prompt_ids
-        self.params = params
+        self.collector = collector
         self.formatter: ResponseFormatter = formatter
-        self.include_usage = stream_usage
+        self.include_usage = include_usage
         self.request_id = formatter.id
         self.recorder = ctx.metrics.recorder(formatter.model)
 
     async def outputs(self) -> AsyncIterator:
-        last, refused = None, False
-        gen = self.engine.generate(self.prompt_ids, self.params, request_id=self.request_id)
+        last, reason = None, "abort"
+        stream = self.engine.outputs(self.request_id, self.collector)
         try:
-            async for out in gen:
+            async for out in stream:
                 self.recorder.on_output(out)
                 last = out
                 yield out
-        except ValueError:
-            refused = True  # the engine refused it before it started: nothing to record or abort
+            reason = last.outputs[0].finish_reason
+        except EngineGenerateError:
+            reason = "error"
             raise
         finally:
-            if not refused:
-                done = last is not None and last.finished
-                if not done:
-                    await gen.aclose()  # closing the engine's stream aborts the request, freeing its blocks
-                self.recorder.on_finish(last, last.outputs[0].finish_reason if done else "abort")
+            await stream.aclose()  # closing the engine's stream early aborts the request, freeing its blocks
+            self.recorder.on_finish(last, reason)
 
     async def collect(self) -> dict:
         last = None
@@ -118,9 +127,9 @@ class Job:
                     yield _sse(chunk)
             if self.include_usage:
                 yield _sse(self.formatter.usage_chunk(last))
-        except ValueError as exc:  # refused by the engine before it started
-            yield _sse(error_body(400, str(exc)))
-        except Exception as exc:  # the engine failed mid-request: tell the client in-band
+        except EngineDeadError as exc:  # the status line is sent: tell the client in-band, as vLLM does
+            yield _sse(error_body(503, str(exc), "engine_dead"))
+        except Exception as exc:  # boundary: the engine failed this request mid-stream
             yield _sse(error_body(500, f"{type(exc).__name__}: {exc}"))
         yield "data: [DONE]\n\n"
 
@@ -149,8 +158,14 @@ async def run_job(request: Request, job: Job, stream: bool) -> Response:
     watcher.cancel()
     try:
         return JSONResponse(work.result())
-    except ValueError as exc:
-        raise OpenAIError(400, str(exc)) from None
+    except EngineGenerateError as exc:
+        raise OpenAIError(500, f"The engine failed this request: {exc}", "engine_error") from None
+    except EngineDeadError as exc:
+        raise OpenAIError(503, str(exc), "engine_dead", headers={"Retry-After": "5"}) from None
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text)["input_ids"])
 
 
 def chat_prompt_ids(tokenizer, req: ChatCompletionRequest) -> list[int]:
@@ -190,22 +205,23 @@ def openai_router(ctx: ServingContext) -> APIRouter:
         engine = ctx.engine(req.model)
         refuse_unsupported(req)
         prompt = single_prompt(req.prompt)
-        ids = list(prompt) if isinstance(prompt, list) else engine.tokenizer(prompt)["input_ids"]
+        if isinstance(prompt, list):
+            ids = list(prompt)
+        else:  # a long prompt takes a while: tokenize off the event loop
+            ids = await engine.run_in_tokenizer(encode, engine.tokenizer, prompt)
         params = sampling_params(req, len(ids), engine.max_model_len, req.logprobs)
-        ctx.check_queue(engine)
         formatter = CompletionFormatter(ctx.model_name(engine), engine.tokenizer, req.logprobs)
-        return await run_job(request, Job(ctx, engine, ids, params, formatter, _usage(req)), req.stream)
+        return await run_job(request, ctx.admit(engine, ids, params, formatter, _usage(req)), req.stream)
 
     @router.post("/v1/chat/completions")
     async def create_chat_completion(req: ChatCompletionRequest, request: Request) -> Response:
         engine = ctx.engine(req.model)
         refuse_unsupported(req)
-        ids = chat_prompt_ids(engine.tokenizer, req)
+        ids = await engine.run_in_tokenizer(chat_prompt_ids, engine.tokenizer, req)
         top = (req.top_logprobs or 0) if req.logprobs else None
         params = sampling_params(req, len(ids), engine.max_model_len, top)
-        ctx.check_queue(engine)
         formatter = ChatFormatter(ctx.model_name(engine), engine.tokenizer, top)
-        return await run_job(request, Job(ctx, engine, ids, params, formatter, _usage(req)), req.stream)
+        return await run_job(request, ctx.admit(engine, ids, params, formatter, _usage(req)), req.stream)
 
     return router
 
