@@ -111,6 +111,23 @@ def test_prefix_caching_on_and_off(enable_prefix_caching):
     assert_engine_clean(llm)
 
 
+def test_forced_prefix_cache_hash_collision_never_serves_another_prompts_kv(monkeypatch):
+    """Every block hashes alike (a forced collision): a hit still needs the same tokens and parent, so
+    each prompt gets its own KV and the output matches transformers; the one true shared block hits."""
+    monkeypatch.setattr("backend.engine.block_manager.hash_block_tokens", lambda parent, tokens: b"same")
+    arch = "qwen2"
+    llm = make_llm(arch)
+    shared = prompts(lengths=(16,), seed=7)[0]  # exactly one block in common
+    batch = [shared + tail for tail in prompts(lengths=(30, 45), seed=8)] + prompts(lengths=(50,), seed=9)
+    expected = [hf_greedy(arch, p, MAX_TOKENS) for p in batch]
+    for prompt, want in zip(batch, expected, strict=True):  # one at a time: each sees the others' cache
+        assert token_ids(llm.generate(prompt, GREEDY)) == [want]
+    assert token_ids(llm.generate(batch, GREEDY)) == expected
+    assert llm.stats()["prefix_cache_hits_total"] >= 16
+    _engines.remove(llm)
+    assert_engine_clean(llm)
+
+
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
 def test_preemption_when_the_kv_pool_is_small(arch):
     llm = make_llm(arch, block_size=4, num_kv_blocks=30, max_num_seqs=8)

@@ -1,21 +1,40 @@
 """BlockManager: the paged KV cache's bookkeeping (no tensors here).
 
 The KV pool is split into fixed-size blocks. A sequence owns a block_table (list of block ids). With
-prefix caching, every full block whose KV has been computed gets a chained hash (its tokens plus the hash
-of the block before it), so a later sequence with the same prefix reuses the block (ref_count + 1).
-Freed blocks go to a free list in LRU order; a freed block keeps its hash until it is reused for new data,
-so a cached prefix survives until memory is actually needed.
+prefix caching, every full block whose KV has been computed gets a chained hash (SHA-256 of the hash of
+the block before it plus its tokens, as vLLM since its hash-collision advisory), so a later sequence with
+the same prefix reuses the block (ref_count + 1). The hash only finds a candidate: a hit is taken only
+when the block's own tokens and its parent block match too, so even a hash collision can never serve
+another prompt's KV. Freed blocks go to a free list in LRU order; a freed block keeps its hash until it
+is reused for new data, so a cached prefix survives until memory is actually needed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+from array import array
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from backend.engine.sequence import Sequence
 
+ROOT_HASH = b""  # the parent hash of a sequence's first block
 
-def chain_hash(prev_hash: int, token_ids: tuple[int, ...]) -> int:
-    return hash((prev_hash, token_ids))
+
+def hash_block_tokens(parent_hash: bytes, token_ids: tuple[int, ...]) -> bytes:
+    """vLLM's chained block hash: SHA-256 over the parent's hash and the block's token ids."""
+    return hashlib.sha256(parent_hash + array("q", token_ids).tobytes()).digest()
+
+
+@dataclass(slots=True)
+class CachedBlock:
+    """What a cached block holds, checked on every hit: its tokens and which cached block precedes it."""
+
+    block_hash: bytes
+    token_ids: tuple[int, ...]
+    serial: int  # unique per caching, never reused: a parent that was evicted and re-cached differs
+    parent_serial: int | None  # None for a sequence's first block
 
 
 class BlockManager:
@@ -24,8 +43,9 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
-        self.block_hash: list[int | None] = [None] * num_blocks
-        self.hash_to_block: dict[int, int] = {}
+        self.cached: list[CachedBlock | None] = [None] * num_blocks
+        self.hash_to_block: dict[bytes, int] = {}
+        self._serials = itertools.count()
         # free blocks, evicted from the front: never-cached blocks first, then cached ones, oldest first
         self.free_blocks: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.prefix_cache_queries = 0  # tokens looked up
@@ -57,16 +77,18 @@ class BlockManager:
             return 0
         # leave at least one token to compute, so the step produces logits to sample from
         num_full = (len(seq.token_ids) - 1) // self.block_size
-        prev = 0
+        parent_hash, parent_serial = ROOT_HASH, None
         for i in range(num_full):
-            h = chain_hash(prev, tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size]))
+            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+            h = hash_block_tokens(parent_hash, tokens)
             block_id = self.hash_to_block.get(h)
-            if block_id is None:
-                break
+            cached = None if block_id is None else self.cached[block_id]
+            if cached is None or cached.token_ids != tokens or cached.parent_serial != parent_serial:
+                break  # a miss, or a hash collision: never reuse KV computed for other tokens
             self._take(block_id)
             seq.block_table.append(block_id)
             seq.block_hashes.append(h)
-            prev = h
+            parent_hash, parent_serial = h, cached.serial
         seq.num_computed_tokens = len(seq.block_table) * self.block_size
         return seq.num_computed_tokens
 
@@ -78,27 +100,31 @@ class BlockManager:
     def allocate(self, seq: Sequence, num_blocks: int) -> None:
         for _ in range(num_blocks):
             block_id = next(iter(self.free_blocks))
-            old_hash = self.block_hash[block_id]
-            if old_hash is not None:  # evict the cached content
-                if self.hash_to_block.get(old_hash) == block_id:
-                    del self.hash_to_block[old_hash]
-                self.block_hash[block_id] = None
+            old = self.cached[block_id]
+            if old is not None:  # evict the cached content
+                if self.hash_to_block.get(old.block_hash) == block_id:
+                    del self.hash_to_block[old.block_hash]
+                self.cached[block_id] = None
             self._take(block_id)
             seq.block_table.append(block_id)
 
     def cache_full_blocks(self, seq: Sequence) -> None:
-        """Register the hashes of seq's blocks that became full and computed this step."""
+        """Register the blocks of seq that became full and computed this step (each after its parent)."""
         if not self.enable_prefix_caching:
             return
         num_full = seq.num_computed_tokens // self.block_size
         for i in range(len(seq.block_hashes), num_full):
-            prev = seq.block_hashes[-1] if seq.block_hashes else 0
-            h = chain_hash(prev, tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size]))
+            parent_hash = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
+            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+            h = hash_block_tokens(parent_hash, tokens)
             seq.block_hashes.append(h)
             block_id = seq.block_table[i]
-            if h not in self.hash_to_block:
-                self.hash_to_block[h] = block_id
-                self.block_hash[block_id] = h
+            parent = self.cached[seq.block_table[i - 1]] if i else None
+            if h in self.hash_to_block or self.cached[block_id] is not None or (i and parent is None):
+                continue  # already cached (or a collision): keep the first; an uncached parent ends the chain
+            serial = next(self._serials)
+            self.cached[block_id] = CachedBlock(h, tokens, serial, parent.serial if parent else None)
+            self.hash_to_block[h] = block_id
 
     def free(self, seq: Sequence) -> None:
         # reversed: a sequence's tail blocks are the least likely to be shared, so they are evicted first
@@ -107,7 +133,7 @@ class BlockManager:
             assert self.ref_counts[block_id] >= 0
             if self.ref_counts[block_id] == 0:
                 self.free_blocks[block_id] = None
-                if self.block_hash[block_id] is None:
+                if self.cached[block_id] is None:
                     self.free_blocks.move_to_end(block_id, last=False)
         seq.block_table = []
         seq.block_hashes = []

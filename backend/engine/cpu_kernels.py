@@ -4,7 +4,10 @@ bf16 matrix-vector product for small batches.
 They are compiled on first use with the system C++ compiler (a few seconds: no torch headers) into a cache
 folder keyed by the sources, the flags and the CPU, and called through ctypes with raw pointers. They link
 the OpenMP runtime torch has already loaded, so they share torch's threads. When no compiler is found the
-engine keeps its pure-PyTorch paths (the ones CUDA uses) and says why once.
+engine keeps its pure-PyTorch paths (the ones CUDA uses) and says why once; the same for any other
+failure (no compiler, a cache folder that cannot be written or executed from, a build that fails or
+times out, a library that does not load). A cached library is loaded only when it and its folder belong
+to the current user and nobody else may write them; otherwise it is rebuilt (or the build is skipped).
 Set PLAYGROUND_CPU_KERNELS=0 to force the pure-PyTorch paths.
 """
 
@@ -14,7 +17,9 @@ import ctypes
 import hashlib
 import logging
 import os
+import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
 from functools import cache
@@ -26,6 +31,7 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "paged_attention.cpp", CSRC / "layers.cpp"]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+BUILD_TIMEOUT_S = 300  # a cold build takes seconds; a hung compiler must not hang the engine's start
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 PTR, INT, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
@@ -49,34 +55,87 @@ def _cpu_id() -> str:
     return next((line for line in text.splitlines() if line.startswith("flags")), "unknown")
 
 
+class KernelsUnavailable(Exception):
+    """Why the native kernels cannot be used here (logged once; the engine uses PyTorch)."""
+
+
 @cache
 def load_library() -> ctypes.CDLL | None:
-    """The compiled kernel library, or None (logged once) when it cannot be built here."""
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        log.warning("no C++ compiler found: CPU decode attention uses the slower pure-PyTorch path")
+    """The compiled kernel library, or None (one warning, saying why) when it cannot be used here."""
+    try:
+        return _load_or_build()
+    except KernelsUnavailable as exc:
+        log.warning("CPU kernels unavailable (%s): the engine uses its slower pure-PyTorch paths", exc)
         return None
+
+
+def find_compiler() -> str:
+    """$CXX (which must exist when set), else g++ or c++ on PATH."""
+    if os.environ.get("CXX"):
+        words = shlex.split(os.environ["CXX"])
+        found = shutil.which(words[0]) if words else None
+        if found is None:
+            raise KernelsUnavailable(f"CXX={os.environ['CXX']!r} is not an executable")
+        return found
+    found = shutil.which("g++") or shutil.which("c++")
+    if found is None:
+        raise KernelsUnavailable("no C++ compiler found (set CXX or install g++)")
+    return found
+
+
+def library_path(compiler: str) -> Path:
+    """Where the library built by this compiler for these sources, flags and CPU is cached."""
     source = b"".join(path.read_bytes() for path in sorted(CSRC.iterdir()))
     key = hashlib.sha256(source + " ".join([compiler, *FLAGS, _cpu_id()]).encode()).hexdigest()[:16]
-    path = cache_dir() / f"cpu_kernels-{key}.so"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # build, then move: atomic for peers
-            built = Path(tmp) / path.name
-            result = subprocess.run(
-                [compiler, *FLAGS, "-o", str(built), *map(str, SOURCES)], capture_output=True, text=True
-            )
-            if result.returncode != 0:
-                log.warning("building the CPU kernels failed; using PyTorch:\n%s", result.stderr)
-                return None
-            os.replace(built, path)
+    return cache_dir() / f"cpu_kernels-{key}.so"
+
+
+def is_trusted(path: Path) -> bool:
+    """Owned by the current user and writable by nobody else (a planted library is never loaded)."""
+    info = path.stat()
+    return info.st_uid == os.getuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _load_or_build() -> ctypes.CDLL:
+    compiler = find_compiler()
+    path = library_path(compiler)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if path.parent.stat().st_uid != os.getuid():
+            raise KernelsUnavailable(f"{path.parent} belongs to another user")
+        path.parent.chmod(0o700)  # our own folder: nobody else may add or swap a library in it
+        if not path.exists() or not is_trusted(path):  # missing, or possibly planted: build afresh
+            _build(compiler, path)
+        return _open(path)
+    except OSError as exc:  # unwritable or noexec folder, a library that does not load
+        raise KernelsUnavailable(f"{type(exc).__name__}: {exc}") from None
+
+
+def _build(compiler: str, path: Path) -> None:
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # build, then move: atomic for peers
+        built = Path(tmp) / path.name
+        command = [compiler, *FLAGS, "-o", str(built), *map(str, SOURCES)]
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise KernelsUnavailable(f"the build took over {BUILD_TIMEOUT_S} s") from None
+        if result.returncode != 0:
+            raise KernelsUnavailable(f"the build failed:\n{result.stderr[-2000:]}")
+        built.chmod(0o755)
+        os.replace(built, path)
+
+
+def _open(path: Path) -> ctypes.CDLL:
     library = ctypes.CDLL(str(path))
-    for name, argtypes in SIGNATURES.items():
-        for suffix in SUFFIX.values():
-            getattr(library, f"{name}_{suffix}").argtypes = argtypes
-            getattr(library, f"{name}_{suffix}").restype = None
-    library.linear_bf16_small.argtypes = [PTR] * 4 + [INT] * 3
-    library.linear_bf16_small.restype = None
+    try:
+        for name, argtypes in SIGNATURES.items():
+            for suffix in SUFFIX.values():
+                getattr(library, f"{name}_{suffix}").argtypes = argtypes
+                getattr(library, f"{name}_{suffix}").restype = None
+        library.linear_bf16_small.argtypes = [PTR] * 4 + [INT] * 3
+        library.linear_bf16_small.restype = None
+    except AttributeError as exc:  # a stale or foreign library
+        raise KernelsUnavailable(f"{path} lacks a kernel: {exc}") from None
     return library
 
 

@@ -38,7 +38,7 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0  # tokens whose KV is in the cache
         self.block_table: list[int] = []
-        self.block_hashes: list[int] = []  # chained hashes of the computed full blocks, in order
+        self.block_hashes: list[bytes] = []  # chained hashes of the computed full blocks, in order
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
