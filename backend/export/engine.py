@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from backend.errors import Unsupported
 from backend.export.plan import ExportPlan
 
 
@@ -30,10 +31,6 @@ class EngineInfo:
 def served_name(plan: ExportPlan, engine: EngineInfo) -> str:
     """The model name clients send to this engine."""
     return plan.served_name if engine.served_name_flag else plan.model
-
-
-class Unsupported(ValueError):
-    """The plan asks for something this engine cannot do; the message says what to change."""
 
 
 def map_quant(

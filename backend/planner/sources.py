@@ -11,6 +11,7 @@ import math
 from functools import cache
 from pathlib import Path
 
+from backend.errors import ModelNotFound, UserError
 from backend.planner.catalog import get_quantization, list_presets, preset_document
 from backend.planner.memory import weight_bytes_total
 from backend.planner.specs import PARAM_KINDS, ModelSpec, spec_from_config
@@ -187,12 +188,12 @@ def _find_preset(model: str) -> str | None:
 def load_model_spec(model: str, revision: str | None = None) -> ModelSpec:
     """A ModelSpec from a local .gguf file or folder, a bundled preset (by Hub id), or the Hub."""
     if not isinstance(model, str) or not model.strip():
-        raise ValueError(f"model must be a Hub id, a local folder, a .gguf file or a preset; got {model!r}")
+        raise UserError(f"model must be a Hub id, a local folder, a .gguf file or a preset; got {model!r}")
     model = model.strip()
     path = Path(model).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
-            raise ValueError(f"GGUF file not found: {model}")
+            raise ModelNotFound(f"GGUF file not found: {model}")
         return _gguf_spec(path)
     if path.is_dir():
         return _local_folder_spec(path)
