@@ -1,6 +1,6 @@
 """The planner: model specs, GPU / quantization catalogs, and the memory / speed / cost estimate."""
 
-from backend.planner.advise import compare_gpus, recommend, suggest_fixes
+from backend.planner.advise import Fix, compare_gpus, estimate, recommend, suggest_fixes
 from backend.planner.catalog import (
     get_gpu,
     get_kv_cache_dtype,
@@ -10,15 +10,15 @@ from backend.planner.catalog import (
     list_presets,
     list_quantizations,
 )
-from backend.planner.estimate import Estimate, estimate
+from backend.planner.estimate import Estimate
 from backend.planner.hardware import detect_local_hardware
-from backend.planner.request import PlanRequest
+from backend.planner.request import PlanRequest, validate_request
 from backend.planner.sources import load_model_spec
 from backend.planner.specs import ModelSpec, count_params
-from backend.planner.validation import validate_request
 
 __all__ = [
     "Estimate",
+    "Fix",
     "ModelSpec",
     "PlanRequest",
     "compare_gpus",

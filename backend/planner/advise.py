@@ -1,21 +1,41 @@
-"""Advice on top of the estimate: fixes for a plan that does not fit, every GPU side by side, and the
-cheapest (GPU, count, quantization) that fits and meets optional latency / throughput targets."""
+"""The public estimate and the advice on top of it: fixes for a plan that does not fit (with the
+concurrency the first one gives), every GPU side by side, and the cheapest (GPU, count, quantization)
+that fits and meets optional latency / throughput targets."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from backend.planner.catalog import GIB, get_quantization, list_gpus, list_quantizations
 from backend.planner.estimate import Estimate, estimate_for_spec
-from backend.planner.request import PlanRequest
+from backend.planner.request import PlanRequest, resolve_quant
 from backend.planner.sources import load_model_spec
 from backend.planner.specs import ModelSpec
-from backend.planner.validation import resolve_quant
 
 GPU_COUNTS = (1, 2, 4, 8)
 CPU_ENGINES = ("embedded", "llamacpp", "ollama")  # engines that also run on a CPU-only host
 # Quantizations the recommendation tries, from best quality down; each engine keeps those it loads.
 RECOMMEND_QUANTS = ("bf16", "fp8", "int8-w8a8", "awq-int4", "gguf-q8_0", "gguf-q4_k_m")
+
+
+@dataclass(slots=True, frozen=True)
+class Fix:
+    """One change that makes a plan fit, checked by re-estimating it."""
+
+    text: str
+    max_concurrency: int  # input_len + output_len sequences at once after the change
+
+
+def estimate(req: PlanRequest) -> Estimate:
+    """The estimate for one plan; when it does not fit, est.fixes lists concrete changes that would, and
+    est.max_concurrency_after_fix is the concurrency after the first of them."""
+    spec = load_model_spec(req.model, req.revision)
+    est = estimate_for_spec(req, spec)
+    if not est.fits:
+        fixes = suggest_fixes(req, spec, est)
+        est.fixes = [fix.text for fix in fixes]
+        est.max_concurrency_after_fix = fixes[0].max_concurrency if fixes else None
+    return est
 
 
 def _try(req: PlanRequest, spec: ModelSpec, **changes) -> Estimate | None:
@@ -43,9 +63,11 @@ def _fit_with(req: PlanRequest, spec: ModelSpec, **changes) -> tuple[Estimate, s
     return None
 
 
-def suggest_fixes(req: PlanRequest, spec: ModelSpec, est: Estimate) -> list[str]:
-    """Concrete changes, each checked by re-estimating, that make a plan fit."""
-    fixes: list[str] = []
+def _fix(text: str, trial: Estimate) -> Fix:
+    return Fix(text, trial.max_concurrency)
+
+
+def _quantize(req: PlanRequest, spec: ModelSpec, est: Estimate) -> Fix | None:
     current_bits = resolve_quant(req.quant, spec).bits
     smaller = sorted((get_quantization(q) for q in list_quantizations()), key=lambda q: -q.bits)
     gguf_ok = req.engine in CPU_ENGINES  # vLLM's GGUF loader is experimental: do not advise it
@@ -54,41 +76,70 @@ def suggest_fixes(req: PlanRequest, spec: ModelSpec, est: Estimate) -> list[str]
             continue
         if found := _fit_with(req, spec, quant=quant.name):
             trial, also = found
-            fixes.append(
-                f"quantize to {quant.name} ({quant.label}){also}: "
-                f"weights {trial.weights_bytes / GIB:.1f} GiB per GPU"
-            )
-            break
-    if req.kv_cache_dtype in ("auto", "bf16", "fp16") and req.engine in ("vllm", "sglang", "trtllm", "tgi"):
-        trial = _try(req, spec, kv_cache_dtype="fp8")
-        if trial and trial.fits:
-            fixes.append("use an fp8 KV cache (--kv-cache-dtype fp8): half the KV bytes per token")
+            weights = f"weights {trial.weights_bytes / GIB:.1f} GiB per GPU"
+            text = f"quantize to {quant.name} ({quant.label}){also}: {weights}"
+            return _fix(text, trial)
+    return None
+
+
+def _fp8_kv_cache(req: PlanRequest, spec: ModelSpec, est: Estimate) -> Fix | None:
+    if req.kv_cache_dtype not in ("auto", "bf16", "fp16") or req.engine not in (
+        "vllm",
+        "sglang",
+        "trtllm",
+        "tgi",
+    ):
+        return None
+    trial = _try(req, spec, kv_cache_dtype="fp8")
+    if trial and trial.fits:
+        return _fix("use an fp8 KV cache (--kv-cache-dtype fp8): half the KV bytes per token", trial)
+    return None
+
+
+def _tensor_parallel(req: PlanRequest, spec: ModelSpec, est: Estimate) -> Fix | None:
     for tp in _tp_options(spec, est.tp):
         if found := _fit_with(req, spec, tp=tp, num_gpus=tp * req.pp):
             trial, also = found
-            fixes.append(
+            text = (
                 f"use tensor parallel TP={tp} on {tp * req.pp} x {est.gpu}{also}: weights "
                 f"{trial.weights_bytes / GIB:.1f} GiB per GPU"
             )
-            break
-    if (
-        est.weights_bytes < est.gpu_memory_bytes
-        and est.max_model_len_single >= req.input_len + req.output_len
-    ):
-        length = est.max_model_len_single
-        trial = _try(req, spec, max_model_len=length)
-        if trial and trial.fits:
-            fixes.append(f"lower max_model_len to {length} (the longest sequence the KV cache holds)")
-    if req.gpu_memory_utilization < 0.95 and req.engine in ("vllm", "sglang", "tgi", "mii"):
-        trial = _try(req, spec, gpu_memory_utilization=0.95)
-        if trial and trial.fits:
-            fixes.append("raise gpu_memory_utilization to 0.95")
+            return _fix(text, trial)
+    return None
+
+
+def _shorter_context(req: PlanRequest, spec: ModelSpec, est: Estimate) -> Fix | None:
+    length = est.max_model_len_single
+    if est.weights_bytes >= est.gpu_memory_bytes or length < req.input_len + req.output_len:
+        return None
+    trial = _try(req, spec, max_model_len=length)
+    if trial and trial.fits:
+        return _fix(f"lower max_model_len to {length} (the longest sequence the KV cache holds)", trial)
+    return None
+
+
+def _more_utilization(req: PlanRequest, spec: ModelSpec, est: Estimate) -> Fix | None:
+    if req.gpu_memory_utilization >= 0.95 or req.engine not in ("vllm", "sglang", "tgi", "mii"):
+        return None
+    trial = _try(req, spec, gpu_memory_utilization=0.95)
+    return _fix("raise gpu_memory_utilization to 0.95", trial) if trial and trial.fits else None
+
+
+def _bigger_gpu(req: PlanRequest, spec: ModelSpec, est: Estimate) -> Fix | None:
     gpus = [g for g in list_gpus() if g != est.gpu and (g != "CPU" or req.engine in CPU_ENGINES)]
     bigger = [t for t in (_try(req, spec, gpu=g) for g in gpus) if t and t.fits]
-    if bigger:
-        best = min(bigger, key=lambda t: t.price_per_hour)
-        fixes.append(f"use a {best.gpu} (${best.price_per_hour:.2f}/h for {best.num_gpus})")
-    return fixes
+    if not bigger:
+        return None
+    best = min(bigger, key=lambda t: t.price_per_hour)
+    return _fix(f"use a {best.gpu} (${best.price_per_hour:.2f}/h for {best.num_gpus})", best)
+
+
+FIXES = (_quantize, _fp8_kv_cache, _tensor_parallel, _shorter_context, _more_utilization, _bigger_gpu)
+
+
+def suggest_fixes(req: PlanRequest, spec: ModelSpec, est: Estimate) -> list[Fix]:
+    """Concrete changes, each checked by re-estimating, that make a plan fit; in FIXES order."""
+    return [fix for fix in (find(req, spec, est) for find in FIXES) if fix is not None]
 
 
 def compare_gpus(req: PlanRequest) -> list[Estimate]:

@@ -31,6 +31,7 @@ class GPU:
     interconnect_bytes_s: float
     price_per_hour: float
     price_source: str
+    fp4_native: bool = False  # FP4 tensor cores (Blackwell): vLLM runs MXFP4/NVFP4 weights as stored
 
     def flops(self, compute: str) -> float:
         """Dense FLOP/s for a matmul type, falling back to bf16 where the GPU lacks the unit."""
@@ -47,6 +48,7 @@ class Quantization:
     compute: str
     engines: tuple[str, ...]
     vllm: str | None = None
+    repacked_bits: float | None = None  # bits per quantized weight once vLLM repacks it without FP4 units
 
 
 @dataclass(slots=True, frozen=True)
@@ -75,6 +77,7 @@ def _gpus() -> dict[str, GPU]:
             interconnect_bytes_s=g["interconnect_gbs"] * 1e9,
             price_per_hour=g["price_per_hour"],
             price_source=g["price_source"],
+            fp4_native=bool(g.get("fp4_native", False)),
         )
         for name, g in data.items()
     }
@@ -96,6 +99,7 @@ def _quantizations() -> dict[str, Quantization]:
             compute=q["compute"],
             engines=tuple(q["engines"]),
             vllm=q.get("vllm"),
+            repacked_bits=q.get("repacked_bits"),
         )
         for name, q in _quant_data()["weight"].items()
     }

@@ -1,8 +1,8 @@
 """Where the memory of one GPU goes: weights, KV cache, activations, runtime overhead, CUDA graphs.
 
 Every function is pure. Figures are per GPU unless a name says otherwise. Each engine's accounting is
-in kv_budget_bytes(); the constants below are explained, with their sources, in the README
-("How the estimate is computed").
+in kv_budget_bytes() (vLLM's, by version, in memory_plan.py); the constants below are explained, with
+their sources, in the README ("How the estimate is computed").
 """
 
 from __future__ import annotations
@@ -12,13 +12,26 @@ import math
 from backend.planner.catalog import GIB, Quantization
 from backend.planner.specs import ModelSpec
 
-# vLLM's non-torch memory (CUDA context, cuBLAS workspaces, NCCL / custom all-reduce buffers). Measured
-# 0.35 GiB (RTX 3090, TP=1) in vllm#10517; TP>1 adds NCCL buffers (vllm#10511 logs 1.8 GiB more at TP=2).
-NON_TORCH_BYTES = int(0.4 * GIB)
-NON_TORCH_MULTI_GPU_BYTES = int(1.0 * GIB)
-# vLLM's profile run samples max_num_seqs dummy requests: fp32 logits plus one same-sized temporary.
-LOGITS_COPIES = 2
-# CUDA graphs (vLLM captures decode batch sizes up to 512): a fixed part plus a share per layer.
+# vLLM's non-torch memory (NCCL and custom all-reduce buffers, cuBLAS workspaces; the CUDA context is
+# outside its budget). V0 logs print it: 0.01 GiB (T4), 0.05 (A10), 0.08 (L40S), 0.09 (V100), 0.10
+# (RTX 3090), 0.26 (A100) at TP=1; 0.25 GiB with TP=2 (vllm#13061) and 0.20 with TP=4 (vllm#14447).
+NON_TORCH_BYTES = int(0.08 * GIB)
+NON_TORCH_MULTI_GPU_BYTES = int(0.25 * GIB)
+# vLLM's profile run ends with a sampler run over min(max_num_seqs, max_num_batched_tokens) dummy
+# requests with top_k = vocab - 1 and top_p < 1 (vllm/v1/worker/gpu_model_runner.py _dummy_sampler_run;
+# V0: SamplingParams(top_p=0.99, top_k=vocab_size - 1) in worker/model_runner.py profile_run), which takes
+# the sort path of vllm/v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p. Live bytes per logit at its
+# peak: bf16 logits 2 + fp32 copy 4 + sorted values 4 + int64 indices 8 + the sort's key/value scratch
+# 12 + softmax of the sorted logits 4 + scatter back 4 = 38. Logged activation peaks where the sampler
+# dominates: 1.40 GiB for 256 x 151936 logits (Qwen2.5-Math-1.5B), 0.94 GiB for 256 x 100352 (Phi-4),
+# 1.26 GiB for 256 x 128256 (Llama-3-8B, vllm#10511): 37-39 bytes per logit.
+SAMPLER_BYTES_PER_LOGIT = 38
+# Other engines: fp32 logits plus one same-sized temporary per sequence.
+LOGIT_BYTES_OTHER = 8
+# CUDA graphs (vLLM captures decode batch sizes up to 512): a fixed part plus a share per layer. Logged:
+# "Graph capturing finished ... took 1.22 GiB" (Llama-3-70B AWQ, 80 layers, TP=2, vLLM 0.16), 0.80 GiB
+# (28 layers, V0, V100), 0.18 GiB (28 layers, V0, L4-class); "Estimated CUDA graph memory: 0.84 GiB"
+# (Llama-3.1-8B, 32 layers, 0.19). The formula gives 1.04 / 0.43 / 0.43 / 0.48 GiB: a rough term.
 CUDA_GRAPH_BASE_BYTES = int(0.1 * GIB)
 CUDA_GRAPH_PER_LAYER_BYTES = 12 * 1024**2
 # The embedded engine (backend/engine/device.py): KV pool = min(20% of available RAM, 2 GiB) on CPU,
@@ -29,22 +42,27 @@ EMBEDDED_GPU_KV_SHARE = 0.85
 LLAMACPP_UBATCH = 512
 
 
-def weight_bytes_total(spec: ModelSpec, quant: Quantization) -> int:
-    """All weights a server loads for this quantization (DeepSeek's MTP layer is not loaded by default)."""
-    if spec.weights_exact and quant.name == spec.checkpoint_dtype:
+def weight_bytes_total(spec: ModelSpec, quant: Quantization, repacked: bool = False) -> int:
+    """All weights a server loads for this quantization (DeepSeek's MTP layer is not loaded by default).
+
+    repacked: vLLM without FP4 tensor cores repacks the format (quant.repacked_bits, e.g. MXFP4)."""
+    bits_quantized = quant.repacked_bits if repacked and quant.repacked_bits else quant.bits
+    if spec.weights_exact and quant.name == spec.checkpoint_dtype and bits_quantized == quant.bits:
         return spec.weights_bytes
     total = 0.0
     for kind, params in spec.params_by_kind.items():
         if kind == "mtp":
             continue
-        bits = quant.bits if kind in quant.quantized else 16
+        bits = bits_quantized if kind in quant.quantized else 16
         total += params * bits / 8
     return int(total)
 
 
-def weight_bytes_per_gpu(spec: ModelSpec, quant: Quantization, tp: int, pp: int) -> int:
+def weight_bytes_per_gpu(
+    spec: ModelSpec, quant: Quantization, tp: int, pp: int, repacked: bool = False
+) -> int:
     """TP shards every matrix (embeddings are vocab-parallel); pipeline parallel splits the layers."""
-    return math.ceil(weight_bytes_total(spec, quant) / (tp * pp))
+    return math.ceil(weight_bytes_total(spec, quant, repacked) / (tp * pp))
 
 
 def kv_heads_per_gpu(spec: ModelSpec, tp: int) -> int:
@@ -89,20 +107,38 @@ def kv_bytes_per_sequence(
     return int((full * blocks_full + sliding * blocks_sliding) * block * per_layer)
 
 
-def activation_bytes(spec: ModelSpec, tokens: int, tp: int, max_num_seqs: int, act_bytes: int = 2) -> int:
-    """Peak activation of a forward pass over `tokens` tokens (vLLM's profile run) plus sampler logits.
+def forward_activation_bytes(spec: ModelSpec, tokens: int, tp: int, act_bytes: int = 2) -> int:
+    """Peak activation of one forward pass over `tokens` tokens (an engine's profile run).
 
     Dense MLP: the gate/up output (2I) and the activated product (I), sharded by TP, plus two hidden-size
-    buffers. MoE: the fused-MoE caches hold top_k copies of those. Validated in tests/test_planner_vllm.py.
-    """
+    buffers. MoE: the fused-MoE caches hold top_k copies of those. Checked against V0's logged activation
+    peak where the forward pass dominates (tests/data/vllm_logs.yaml): 1.91 vs 2.07 GiB (Llama-3.1-8B,
+    20000 tokens), 3.91 vs 4.35 GiB (Qwen2.5-7B, 32768 tokens)."""
     hidden = spec.hidden_size
     if spec.num_experts:
         k = spec.num_experts_per_tok
         per_token = 3 * spec.moe_intermediate_size * k / tp + k * hidden + 2 * hidden
     else:
         per_token = 3 * spec.intermediate_size / tp + 2 * hidden
-    logits = max_num_seqs * spec.vocab_size * 4 * LOGITS_COPIES
-    return int(tokens * per_token * act_bytes + logits)
+    return int(tokens * per_token * act_bytes)
+
+
+def sampler_bytes(spec: ModelSpec, num_reqs: int, bytes_per_logit: int = SAMPLER_BYTES_PER_LOGIT) -> int:
+    """The profile run's sampler over num_reqs requests; logits are gathered whole on every TP rank."""
+    return num_reqs * spec.vocab_size * bytes_per_logit
+
+
+def vllm_profile_peak(spec: ModelSpec, tokens: int, num_reqs: int, tp: int) -> int:
+    """vLLM's "PyTorch activation peak": the forward pass and the sampler run one after the other, so the
+    peak is the larger of the two (num_reqs=0 where no sampler runs in the profile: V0 with chunked
+    prefill logs 0.19-0.22 GiB, the forward pass alone, vllm#13061 and the OCI A10 log)."""
+    return max(forward_activation_bytes(spec, tokens, tp), sampler_bytes(spec, num_reqs))
+
+
+def activation_bytes(spec: ModelSpec, tokens: int, tp: int, max_num_seqs: int) -> int:
+    """Engines other than vLLM: a forward pass plus fp32 sampler logits for max_num_seqs sequences."""
+    logits = sampler_bytes(spec, max_num_seqs, LOGIT_BYTES_OTHER)
+    return forward_activation_bytes(spec, tokens, tp) + logits
 
 
 def cuda_graph_bytes(spec: ModelSpec, pp: int) -> int:
@@ -110,7 +146,7 @@ def cuda_graph_bytes(spec: ModelSpec, pp: int) -> int:
 
 
 def non_torch_bytes(num_gpus_per_replica: int) -> int:
-    return NON_TORCH_BYTES + (NON_TORCH_MULTI_GPU_BYTES if num_gpus_per_replica > 1 else 0)
+    return NON_TORCH_MULTI_GPU_BYTES if num_gpus_per_replica > 1 else NON_TORCH_BYTES
 
 
 def kv_budget_bytes(

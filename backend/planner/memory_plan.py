@@ -1,0 +1,212 @@
+"""The memory phase of an estimate: what one GPU holds under one engine's accounting, and whether it starts.
+
+Budget engines (vLLM, TGI, MII, TensorRT-LLM, SGLang) size the KV cache from what is left; context engines
+(llama.cpp, Ollama) allocate the context they are given; the embedded engine follows backend/engine/device.py.
+vLLM's accounting depends on its version (vllm_rules.py): the profiled activation peak, the non-torch
+memory and, from 0.21, the CUDA-graph estimate come out of gpu_memory_utilization x total memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from backend.planner import memory
+from backend.planner.catalog import GIB, GPU, KVCacheDtype, Quantization
+from backend.planner.request import PlanRequest
+from backend.planner.specs import ModelSpec
+from backend.planner.vllm_rules import SchedulerLimits
+
+CONTEXT_ENGINES = ("llamacpp", "ollama")  # engines that allocate exactly the context they are given
+GRAPH_ENGINES = ("vllm", "sglang", "trtllm")  # engines that capture CUDA graphs
+LLAMA_UBATCH_LOGITS = memory.LLAMACPP_UBATCH * 4  # llama.cpp computes fp32 logits for a whole micro-batch
+
+
+@dataclass(slots=True, frozen=True)
+class Layout:
+    """The fixed inputs of the memory phase: what runs where."""
+
+    gpu: GPU
+    quant: Quantization
+    kv_dtype: KVCacheDtype
+    tp: int
+    max_model_len: int
+    limits: SchedulerLimits
+
+
+@dataclass(slots=True)
+class MemoryPlan:
+    """Bytes per GPU, and the verdict the engine itself would give at startup."""
+
+    weights: int
+    kv_element_bytes: float
+    kv_bytes_per_token: float
+    kv_bytes_per_sequence: int  # one input_len + output_len sequence
+    max_sequence_bytes: int  # one max_model_len sequence
+    activation: int
+    overhead: int
+    cuda_graphs: int
+    kv_cache: int
+    max_model_len: int
+    fits: bool = False
+    fit_reason: str = ""
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.activation + self.overhead + self.cuda_graphs
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / GIB:.2f} GiB"
+
+
+def _weights(req: PlanRequest, spec: ModelSpec, lay: Layout) -> tuple[int, float]:
+    """(weight bytes per GPU, bytes per KV element) as the engine loads them."""
+    per_replica = lay.tp * req.pp
+    if req.engine == "embedded":  # dequantizes every format (GGUF included) to its compute dtype
+        dtype_bytes = 4 if lay.quant.name == "fp32" else 2
+        weights = (
+            math.ceil(spec.params_total - spec.params_by_kind.get("mtp", 0)) * dtype_bytes // per_replica
+        )
+        if lay.gpu.name == "CPU" and spec.tie_word_embeddings:  # its oneDNN-packed lm_head copy
+            weights += spec.vocab_size * spec.hidden_size * dtype_bytes
+        return weights, (dtype_bytes if req.kv_cache_dtype == "auto" else lay.kv_dtype.bytes)
+    repacked = req.engine == "vllm" and not lay.gpu.fp4_native
+    weights = memory.weight_bytes_per_gpu(spec, lay.quant, lay.tp, req.pp, repacked)
+    fp32 = req.kv_cache_dtype == "auto" and lay.quant.name == "fp32"
+    return weights, (4 if fp32 else lay.kv_dtype.bytes)
+
+
+def _base_plan(req: PlanRequest, spec: ModelSpec, lay: Layout) -> MemoryPlan:
+    weights, kv_bytes = _weights(req, spec, lay)
+    tp, pp, bs, max_len = lay.tp, req.pp, req.block_size, lay.max_model_len
+    on_gpu = lay.gpu.name != "CPU"
+    return MemoryPlan(
+        weights=weights,
+        kv_element_bytes=kv_bytes,
+        kv_bytes_per_token=memory.kv_bytes_per_token(spec, kv_bytes, tp, pp),
+        kv_bytes_per_sequence=memory.kv_bytes_per_sequence(
+            spec, req.input_len + req.output_len, kv_bytes, tp, pp, bs
+        ),
+        max_sequence_bytes=memory.kv_bytes_per_sequence(spec, max_len, kv_bytes, tp, pp, bs),
+        activation=0,
+        overhead=memory.non_torch_bytes(tp * pp),
+        cuda_graphs=memory.cuda_graph_bytes(spec, pp) if req.engine in GRAPH_ENGINES and on_gpu else 0,
+        kv_cache=0,
+        max_model_len=max_len,
+    )
+
+
+def _vllm(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> None:
+    """vllm/v1/worker/gpu_worker.py determine_available_memory (V0: worker/worker.py
+    determine_num_available_blocks): total x gpu_memory_utilization - weights - activation peak -
+    non-torch memory (- the CUDA-graph estimate from 0.21), floored to whole blocks."""
+    limits = lay.limits
+    tokens = limits.max_num_batched_tokens
+    v0_chunked = not limits.is_v1 and limits.chunked_prefill
+    num_reqs = 0 if v0_chunked else min(limits.max_num_seqs, tokens)
+    plan.activation = memory.vllm_profile_peak(spec, tokens, num_reqs, lay.tp)
+    budget = int(lay.gpu.usable_bytes * req.gpu_memory_utilization) - plan.weights - plan.activation
+    budget -= plan.overhead + (plan.cuda_graphs if limits.subtracts_cuda_graphs else 0)
+    per_block = plan.kv_bytes_per_token * req.block_size
+    plan.kv_cache = max(int(budget // per_block * per_block), 0)
+
+
+def _other_budget(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> None:
+    tokens = min(lay.limits.max_num_batched_tokens, lay.max_model_len)
+    plan.activation = memory.activation_bytes(spec, tokens, lay.tp, lay.limits.max_num_seqs)
+    budget = memory.kv_budget_bytes(
+        req.engine,
+        lay.gpu.usable_bytes,
+        req.gpu_memory_utilization,
+        plan.weights,
+        plan.activation,
+        plan.overhead,
+        False,
+    )
+    per_block = plan.kv_bytes_per_token * req.block_size
+    plan.kv_cache = max(int(budget // per_block * per_block), 0)
+
+
+def _embedded(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> None:
+    """The embedded engine keeps every layer's full context (no window savings)."""
+    tokens = min(lay.limits.max_num_batched_tokens, 512)
+    plan.activation = memory.activation_bytes(spec, tokens, lay.tp, lay.limits.max_num_seqs)
+    on_cpu = lay.gpu.name == "CPU"
+    budget = memory.kv_budget_bytes(
+        "embedded", lay.gpu.usable_bytes, 1.0, plan.weights, plan.activation, plan.overhead, on_cpu
+    )
+    bs, max_len = req.block_size, lay.max_model_len
+    per_block = plan.kv_bytes_per_token * bs
+    num_blocks = min(lay.limits.max_num_seqs * math.ceil(max_len / bs), int(budget // per_block))
+    plan.kv_cache = int(num_blocks * per_block)
+    plan.kv_bytes_per_sequence = int(math.ceil((req.input_len + req.output_len) / bs) * per_block)
+    plan.max_sequence_bytes = int(math.ceil(max_len / bs) * per_block)
+    if req.max_model_len is None and num_blocks * bs < max_len:
+        plan.max_model_len, plan.max_sequence_bytes = num_blocks * bs, int(num_blocks * per_block)
+
+
+def _context_engine(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> None:
+    """llama.cpp / Ollama: -c max_model_len x -np concurrency, compute buffers for one micro-batch."""
+    plan.activation = LLAMA_UBATCH_LOGITS * spec.vocab_size + memory.activation_bytes(spec, 512, lay.tp, 0)
+    plan.kv_cache = plan.max_sequence_bytes * req.concurrency
+
+
+def _fit(req: PlanRequest, lay: Layout, plan: MemoryPlan) -> tuple[bool, str]:
+    usable, max_len = lay.gpu.usable_bytes, plan.max_model_len
+    if req.engine in CONTEXT_ENGINES or req.engine == "embedded":
+        if plan.total > usable:
+            return False, f"needs {_gib(plan.total)} per GPU but {lay.gpu.name} has {_gib(usable)}"
+        if plan.kv_cache < plan.max_sequence_bytes:
+            return False, f"the KV pool ({_gib(plan.kv_cache)}) cannot hold one {max_len}-token sequence"
+        return True, f"{_gib(plan.total)} of {_gib(usable)} per GPU"
+    budget = int(usable * req.gpu_memory_utilization)
+    graphs = plan.cuda_graphs if req.engine == "vllm" and lay.limits.subtracts_cuda_graphs else 0
+    fixed = plan.weights + plan.activation + plan.overhead + graphs
+    if fixed > budget:
+        graph_text = f" + CUDA graphs {_gib(graphs)}" if graphs else ""
+        return False, (
+            f"weights {_gib(plan.weights)} + activations {_gib(plan.activation)} + overhead "
+            f"{_gib(plan.overhead)}{graph_text} exceed the {_gib(budget)} budget (gpu_memory_utilization "
+            f"{req.gpu_memory_utilization} of {_gib(usable)})"
+        )
+    if plan.kv_cache < plan.max_sequence_bytes:
+        return False, (
+            f"the KV cache ({_gib(plan.kv_cache)}) cannot hold one max_model_len={max_len} sequence "
+            f"({_gib(plan.max_sequence_bytes)}); vLLM refuses to start"
+        )
+    return (
+        True,
+        f"weights {_gib(plan.weights)}, KV cache {_gib(plan.kv_cache)} within the {_gib(budget)} budget",
+    )
+
+
+def plan_memory(req: PlanRequest, spec: ModelSpec, lay: Layout) -> MemoryPlan:
+    """Weights, KV cache, activations, overhead and CUDA graphs per GPU, and the startup verdict."""
+    plan = _base_plan(req, spec, lay)
+    if req.engine == "vllm":
+        _vllm(req, spec, lay, plan)
+    elif req.engine == "embedded":
+        _embedded(req, spec, lay, plan)
+    elif req.engine in CONTEXT_ENGINES:
+        _context_engine(req, spec, lay, plan)
+    else:
+        _other_budget(req, spec, lay, plan)
+    plan.fits, plan.fit_reason = _fit(req, lay, plan)
+    return plan
+
+
+def longest_sequence(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> int:
+    """Longest single sequence the KV cache holds, capped at the model's limit."""
+    limit, bs, per_token = spec.max_position_embeddings, req.block_size, plan.kv_bytes_per_token
+    if req.engine == "embedded" or not spec.num_sliding_layers:
+        return min(int(plan.kv_cache // (per_token * bs) * bs) if per_token else 0, limit)
+    lo, hi = 0, limit // bs  # blocks: bisect, since sliding layers cost at most a window each
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        need = memory.kv_bytes_per_sequence(spec, mid * bs, plan.kv_element_bytes, lay.tp, req.pp, bs)
+        if need <= plan.kv_cache:
+            lo = mid
+        else:
+            hi = mid - 1
+    return min(lo * bs, limit)

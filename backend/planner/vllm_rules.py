@@ -1,0 +1,100 @@
+"""The rules by which vLLM sizes its KV cache, per vLLM version: scheduler defaults and what it subtracts.
+
+The planner models the vLLM version the export targets (VLLM_TARGET_VERSION); a PlanRequest may name
+another (vllm_version). Every rule below names the vLLM source it follows; tests/data/vllm_logs.yaml
+holds the published startup logs it is checked against.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from backend.planner.catalog import GIB, GPU
+
+# The version backend/export/vllm.py writes launch files for (tests/test_planner_vllm.py checks they agree).
+VLLM_TARGET_VERSION = "0.33.0"
+# V1 became the default engine in 0.8.0 (VLLM_USE_V1=1); the V0 engine was removed in 0.11.
+V1_SINCE = (0, 8, 0)
+# vllm/engine/arg_utils.py EngineArgs.get_batch_defaults (from 0.9; PR #17885 keeps A100 out): on a GPU
+# with >= 70 GiB that is not an A100, 16384 (LLM class) / 8192 (API server) batched tokens and 1024
+# sequences; otherwise 8192 / 2048 tokens and 256 sequences. Before 0.9, V1 used 8192 / 2048 and 256.
+LARGE_DEFAULTS_SINCE = (0, 9, 0)
+LARGE_GPU_BYTES = 70 * GIB
+V1_BATCHED_TOKENS = {"llm_class": 8192, "openai_api_server": 2048}
+V1_BATCHED_TOKENS_LARGE = {"llm_class": 16384, "openai_api_server": 8192}
+V1_MAX_NUM_SEQS, V1_MAX_NUM_SEQS_LARGE = 256, 1024
+# V0 (vllm/config.py SchedulerConfig, 0.6-0.10): 256 sequences; chunked prefill is switched on for
+# max_model_len > 32K (EngineArgs.create_engine_config, use_long_context) with a 2048-token budget
+# (_DEFAULT_MAX_NUM_BATCHED_TOKENS; 512 before 0.6.5); without it the budget is max(max_model_len, 2048).
+V0_MAX_NUM_SEQS = 256
+V0_LONG_CONTEXT = 32 * 1024
+V0_CHUNKED_BATCHED_TOKENS = 2048
+# vllm/v1/worker/gpu_worker.py determine_available_memory: from 0.21 the CUDA-graph pool is estimated
+# before the KV cache is sized and subtracted from the budget (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS,
+# "CUDA graph memory profiling is enabled (default since v0.21.0)" in the startup log).
+CUDA_GRAPH_ESTIMATE_SINCE = (0, 21, 0)
+# vllm/engine/arg_utils.py _is_v1_supported_oracle (0.8-0.10): "Compute Capability < 8.0 is not
+# supported by the V1 Engine. Falling back to V0."; the V0 engine was removed in 0.11.
+V0_FALLBACK_UNTIL = (0, 11, 0)
+PRE_AMPERE_GPUS = ("T4", "V100-32GB")
+# Engines other than vLLM: the planner's fixed defaults (their own flags: SGLang --max-running-requests,
+# TGI --max-concurrent-requests, ...).
+OTHER_MAX_NUM_SEQS, OTHER_BATCHED_TOKENS = 256, 8192
+
+
+@dataclass(slots=True, frozen=True)
+class SchedulerLimits:
+    """What the engine schedules per step, and how vLLM of that version accounts memory."""
+
+    version: tuple[int, int, int]
+    is_v1: bool
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    chunked_prefill: bool
+    subtracts_cuda_graphs: bool  # the CUDA-graph estimate comes out of the KV budget
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """'0.10.1.1' -> (0, 10, 1); ValueError for anything that is not a vLLM release number."""
+    match = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", str(text).strip())
+    if not match:
+        raise ValueError(f"vllm_version must look like 0.11.2, got {text!r}")
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+def _is_large_gpu(gpu: GPU) -> bool:
+    return gpu.usable_bytes >= LARGE_GPU_BYTES and "a100" not in gpu.name.lower()
+
+
+def _v1_defaults(version: tuple[int, int, int], context: str, gpu: GPU) -> tuple[int, int]:
+    if version >= LARGE_DEFAULTS_SINCE and _is_large_gpu(gpu):
+        return V1_MAX_NUM_SEQS_LARGE, V1_BATCHED_TOKENS_LARGE[context]
+    return V1_MAX_NUM_SEQS, V1_BATCHED_TOKENS[context]
+
+
+def scheduler_limits(
+    engine: str, version_text: str | None, context: str, gpu: GPU, max_model_len: int
+) -> SchedulerLimits:
+    """vLLM's own defaults for this version, usage context and GPU; other engines get fixed ones."""
+    version = parse_version(version_text or VLLM_TARGET_VERSION)
+    if engine != "vllm":
+        return SchedulerLimits(version, True, OTHER_MAX_NUM_SEQS, OTHER_BATCHED_TOKENS, True, False)
+    if version < V1_SINCE or (version < V0_FALLBACK_UNTIL and gpu.name in PRE_AMPERE_GPUS):
+        chunked = max_model_len > V0_LONG_CONTEXT
+        tokens = V0_CHUNKED_BATCHED_TOKENS if chunked else max(max_model_len, V0_CHUNKED_BATCHED_TOKENS)
+        return SchedulerLimits(version, False, V0_MAX_NUM_SEQS, tokens, chunked, False)
+    seqs, tokens = _v1_defaults(version, context, gpu)
+    return SchedulerLimits(version, True, seqs, tokens, True, version >= CUDA_GRAPH_ESTIMATE_SINCE)
+
+
+def resolve_limits(req, gpu: GPU, max_model_len: int) -> SchedulerLimits:
+    """The request's own max_num_seqs / max_num_batched_tokens where set, the engine's defaults elsewhere."""
+    limits = scheduler_limits(req.engine, req.vllm_version, req.usage_context, gpu, max_model_len)
+    seqs = req.max_num_seqs or limits.max_num_seqs
+    tokens = req.max_num_batched_tokens or limits.max_num_batched_tokens
+    chunked = limits.chunked_prefill
+    if not limits.is_v1 and req.max_num_batched_tokens and req.max_num_batched_tokens < max_model_len:
+        chunked = True  # V0 only accepts a budget below max_model_len with chunked prefill
+    return SchedulerLimits(limits.version, limits.is_v1, seqs, tokens, chunked, limits.subtracts_cuda_graphs)
