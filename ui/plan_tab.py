@@ -62,10 +62,18 @@ def plan_request(
     )
 
 
+def concurrency_kpi(est: dict[str, Any]) -> str:
+    """A plan that does not start has no concurrency: show what the first suggested fix gives instead."""
+    if est["fits"]:
+        return f"{est['max_concurrency']:,} requests"
+    after = est.get("max_concurrency_after_fix")
+    return "does not start" if after is None else f"does not start · {after:,} after the first fix"
+
+
 def kpi_html(est: dict[str, Any]) -> str:
     cells = [
         ("KV cache", f"{gib(est['kv_cache_bytes'])} · {est['kv_cache_tokens']:,} tokens"),
-        ("Max concurrency", f"{est['max_concurrency']:,} requests"),
+        ("Max concurrency", concurrency_kpi(est)),
         ("Longest single request", f"{est['max_model_len_single']:,} tokens"),
         ("Prefill", tok_s(est["prefill_tokens_per_s"])),
         ("Time to first token", ms(est["ttft_s"])),
@@ -186,7 +194,9 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.State:
                 query = gr.Textbox(label="Search the Hub", placeholder="e.g. llama 3.1 8b", scale=3)
                 search = gr.Button("Search", scale=1)
             with gr.Row():
-                quant = gr.Dropdown(list_quantizations(), value="bf16", label="Weights (quantization)")
+                quant = gr.Dropdown(
+                    ["auto", *list_quantizations()], value="auto", label="Weights (auto = as stored)"
+                )
                 kv_dtype = gr.Dropdown(list_kv_cache_dtypes(), value="auto", label="KV cache dtype")
             with gr.Row():
                 gpu = gr.Dropdown(

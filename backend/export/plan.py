@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from backend.export.base import ExportOptions, check_model, check_options, check_revision, is_local_path
 from backend.planner.request import PlanRequest
+from backend.planner.vllm_rules import with_scheduler_defaults
 
 GGUF_TYPE = re.compile(r"^(?:gguf[-_:]?)?((?:i?q\d[a-z0-9_]*)|f16|bf16|f32)$", re.IGNORECASE)
 KV_DTYPES = (
@@ -139,6 +140,7 @@ def check_heads(spec, tp: int) -> None:
 
 def resolve(req: PlanRequest, options: ExportOptions) -> ExportPlan:
     """Check the request and options; ValueError names what to change."""
+    req = with_scheduler_defaults(req)  # the engine's own max_num_seqs / max_num_batched_tokens where unset
     check_options(options)
     model = check_model("model", req.model)
     check_revision(req.revision)

@@ -71,7 +71,8 @@ def _quantize(req: PlanRequest, spec: ModelSpec, est: Estimate) -> Fix | None:
     current_bits = resolve_quant(req.quant, spec).bits
     smaller = sorted((get_quantization(q) for q in list_quantizations()), key=lambda q: -q.bits)
     gguf_ok = req.engine in CPU_ENGINES  # vLLM's GGUF loader is experimental: do not advise it
-    for quant in [q for q in smaller if q.bits < current_bits and req.engine in q.engines]:
+    # only formats with at least a quarter fewer bits: 4-bit to another 4-bit format is no fix
+    for quant in [q for q in smaller if q.bits <= 0.75 * current_bits and req.engine in q.engines]:
         if quant.name.startswith("gguf-") and not gguf_ok:
             continue
         if found := _fit_with(req, spec, quant=quant.name):

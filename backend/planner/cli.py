@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from backend.planner.request import ENGINES
+from backend.planner.request import ENGINES, USAGE_CONTEXTS
 
 GIB = 1024**3
 
@@ -25,16 +25,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-gpus", type=int, default=1)
     parser.add_argument("--tp", type=int, default=None, help="tensor parallel size (default: num_gpus / pp)")
     parser.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
-    parser.add_argument("--quant", default="bf16", help="weight format (see --list-quants); auto = as stored")
+    parser.add_argument(
+        "--quant",
+        default="auto",
+        help="weight format (see --list-quants); default: as stored in the checkpoint",
+    )
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--input-len", type=int, default=1024)
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.92)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="default: the engine's own default")
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, help="default: the engine's own default"
+    )
     parser.add_argument("--engine", default="vllm", choices=ENGINES)
+    parser.add_argument(
+        "--vllm-version", default=None, help="vLLM whose accounting to follow (default: the export's target)"
+    )
+    parser.add_argument(
+        "--usage-context", default="openai_api_server", choices=USAGE_CONTEXTS, help="vllm serve or LLM(...)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--list-gpus", action="store_true", help="list the GPU catalog and exit")
     parser.add_argument("--list-presets", action="store_true", help="list bundled model presets and exit")
@@ -70,6 +82,17 @@ def _listing(args: argparse.Namespace) -> str | None:
     return None
 
 
+def concurrency_text(d: dict) -> str:
+    """Concurrency as the plan runs; when it does not start, what it would be after the first fix."""
+    seq = d["input_len"] + d["output_len"]
+    if d["fits"]:
+        return f"{d['max_concurrency']} x {seq} tokens"
+    after = d.get("max_concurrency_after_fix")
+    if after is None:
+        return "does not start, and no fix found"
+    return f"does not start; {after} x {seq} tokens after the first fix below"
+
+
 def format_table(d: dict) -> str:
     def gib(key: str) -> str:
         return f"{d[key] / GIB:.2f} GiB"
@@ -85,7 +108,8 @@ def format_table(d: dict) -> str:
         (
             "plan",
             f"{d['engine']} on {d['num_gpus']} x {d['gpu']} (TP={d['tp']}, PP={d['pp']}), "
-            f"{d['quant']} weights, {d['kv_cache_dtype']} KV cache",
+            f"{d['quant']} weights, {d['kv_cache_dtype']} KV cache"
+            + (f", vLLM {d['vllm_version']} accounting" if d.get("vllm_version") else ""),
         ),
         ("fits", f"{'yes' if d['fits'] else 'NO'}: {d['fit_reason']}"),
         ("weights / GPU", gib("weights_bytes")),
@@ -98,7 +122,7 @@ def format_table(d: dict) -> str:
         ("runtime overhead", gib("overhead_bytes")),
         ("CUDA graphs", gib("cuda_graph_bytes")),
         ("total / GPU", f"{gib('total_bytes_per_gpu')} of {gib('gpu_memory_bytes')}"),
-        ("max concurrency", f"{d['max_concurrency']} x {d['input_len'] + d['output_len']} tokens"),
+        ("max concurrency", concurrency_text(d)),
         ("longest sequence", f"{d['max_model_len_single']:,} tokens (max_model_len {d['max_model_len']:,})"),
         ("prefill", f"{num(d['prefill_tokens_per_s'], ',.0f')} tokens/s, TTFT {num(d['ttft_s'], '.3f')} s"),
         (
@@ -147,6 +171,8 @@ def main(args: argparse.Namespace) -> int:
         engine=args.engine,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        vllm_version=args.vllm_version,
+        usage_context=args.usage_context,
     )
     try:
         result = estimate(req).to_dict()

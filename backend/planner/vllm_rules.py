@@ -8,9 +8,10 @@ holds the published startup logs it is checked against.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from backend.planner.catalog import GIB, GPU
+from backend.planner.catalog import GIB, GPU, get_gpu
+from backend.planner.request import PlanRequest
 
 # The version backend/export/vllm.py writes launch files for (tests/test_planner_vllm.py checks they agree).
 VLLM_TARGET_VERSION = "0.33.0"
@@ -89,7 +90,7 @@ def scheduler_limits(
     return SchedulerLimits(version, True, seqs, tokens, True, version >= CUDA_GRAPH_ESTIMATE_SINCE)
 
 
-def resolve_limits(req, gpu: GPU, max_model_len: int) -> SchedulerLimits:
+def resolve_limits(req: PlanRequest, gpu: GPU, max_model_len: int) -> SchedulerLimits:
     """The request's own max_num_seqs / max_num_batched_tokens where set, the engine's defaults elsewhere."""
     limits = scheduler_limits(req.engine, req.vllm_version, req.usage_context, gpu, max_model_len)
     seqs = req.max_num_seqs or limits.max_num_seqs
@@ -98,3 +99,24 @@ def resolve_limits(req, gpu: GPU, max_model_len: int) -> SchedulerLimits:
     if not limits.is_v1 and req.max_num_batched_tokens and req.max_num_batched_tokens < max_model_len:
         chunked = True  # V0 only accepts a budget below max_model_len with chunked prefill
     return SchedulerLimits(limits.version, limits.is_v1, seqs, tokens, chunked, limits.subtracts_cuda_graphs)
+
+
+def with_scheduler_defaults(req: PlanRequest, max_model_len: int | None = None) -> PlanRequest:
+    """req with max_num_seqs / max_num_batched_tokens filled in as its engine would pick them (exporters
+    write explicit flags; the planner reads None as the engine's default)."""
+    if req.max_num_seqs and req.max_num_batched_tokens:
+        return req
+    try:
+        gpu = get_gpu(req.gpu)
+    except ValueError:  # a GPU outside the catalog: the generic defaults
+        gpu = None
+    if gpu is None:
+        seqs, tokens = OTHER_MAX_NUM_SEQS, OTHER_BATCHED_TOKENS
+    else:
+        limits = resolve_limits(req, gpu, max_model_len or req.max_model_len or V0_LONG_CONTEXT)
+        seqs, tokens = limits.max_num_seqs, limits.max_num_batched_tokens
+    return replace(
+        req,
+        max_num_seqs=req.max_num_seqs or seqs,
+        max_num_batched_tokens=req.max_num_batched_tokens or tokens,
+    )
