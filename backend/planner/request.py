@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from backend.errors import UserError
 from backend.planner.catalog import Quantization, get_quantization
 from backend.planner.specs import ModelSpec
 
@@ -56,7 +57,7 @@ class PlanRequest:
 
 def _check(condition: bool, message: str) -> None:
     if not condition:
-        raise ValueError(message)
+        raise UserError(message)
 
 
 def _check_counts(req: PlanRequest) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from backend.errors import UserError
 from backend.planner.catalog import GIB, GPU, get_gpu
 from backend.planner.request import PlanRequest
 
@@ -60,7 +61,7 @@ def parse_version(text: str) -> tuple[int, int, int]:
     """'0.10.1.1' -> (0, 10, 1); ValueError for anything that is not a vLLM release number."""
     match = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", str(text).strip())
     if not match:
-        raise ValueError(f"vllm_version must look like 0.11.2, got {text!r}")
+        raise UserError(f"vllm_version must look like 0.11.2, got {text!r}")
     major, minor, patch = match.groups()
     return int(major), int(minor), int(patch or 0)
 
