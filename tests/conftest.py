@@ -1,18 +1,25 @@
-"""Shared fixtures: the repository root on sys.path, tiny models built locally."""
+"""Shared fixtures. Helpers live in tests/*_utils.py (import those, never this file or a test_*.py)."""
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (servers in tests listen on loopback only)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on one thread for a module of tiny-model tests (`pytestmark = pytest.mark.usefixtures(...)`):
+    tiny models gain nothing from threads, and on a shared 2-core box idle OpenMP threads spinning
+    against other processes make these tests several times slower."""
+    import torch  # only engine tests pay for importing torch here
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.common_utils import ROOT
 
 
 def run_app(*args: str) -> subprocess.CompletedProcess:

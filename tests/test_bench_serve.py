@@ -17,8 +17,8 @@ from backend.bench.plots import latency_figure
 from backend.bench.results import percentile
 from backend.bench.serve import BenchConfig, arrival_intervals, run_benchmark
 from backend.server import build_app
-from tests.test_engine_support import tiny_model
-from tests.test_server_support import RunningServer, start_engine, wait_until
+from tests.engine_utils import tiny_model
+from tests.server_utils import RunningServer, start_engine, wait_until
 
 SUMMARY_KEYS = {
     "duration",

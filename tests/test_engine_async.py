@@ -9,13 +9,14 @@ import json
 import pytest
 
 from backend.engine import LLM, AsyncLLM, SamplingParams
-from tests.test_engine_support import (  # noqa: F401 (one_torch_thread is an autouse fixture)
+from tests.engine_utils import (
     assert_engine_clean,
     hf_greedy,
-    one_torch_thread,
     prompts,
     tiny_model,
 )
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 ARCH = "qwen3"
 

@@ -7,14 +7,15 @@ from __future__ import annotations
 import pytest
 
 from backend.engine import LLM, SamplingParams
-from tests.test_engine_support import (  # noqa: F401 (one_torch_thread is an autouse fixture)
+from tests.engine_utils import (
     ARCHITECTURES,
     assert_engine_clean,
     hf_greedy,
-    one_torch_thread,
     prompts,
     tiny_model,
 )
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 MAX_TOKENS = 24
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)

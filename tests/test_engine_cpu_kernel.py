@@ -10,14 +10,15 @@ import torch
 import torch.nn.functional as F
 
 from backend.engine import LLM, SamplingParams, cpu_kernels
-from tests.test_engine_support import (  # noqa: F401 (one_torch_thread is an autouse fixture)
+from tests.engine_utils import (
     ARCHITECTURES,
     assert_engine_clean,
     hf_greedy,
-    one_torch_thread,
     prompts,
     tiny_model,
 )
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def reference_decode(q, k_cache, v_cache, tables, lens, scale):

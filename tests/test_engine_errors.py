@@ -7,11 +7,12 @@ import json
 import pytest
 
 from backend.engine import LLM, SamplingParams
-from tests.test_engine_support import (  # noqa: F401 (one_torch_thread is an autouse fixture)
+from tests.engine_utils import (
     assert_engine_clean,
-    one_torch_thread,
     tiny_model,
 )
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from backend.default_model import default_model
 from backend.engine import LLM, SamplingParams
 from backend.hf_reference import load_hf_model
-from tests.test_engine_support import assert_engine_clean
+from tests.engine_utils import assert_engine_clean
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 32

@@ -11,13 +11,14 @@ import subprocess
 import pytest
 
 from backend.engine import LLM, SamplingParams, cpu_kernels
-from tests.test_engine_support import (  # noqa: F401 (one_torch_thread is an autouse fixture)
+from tests.engine_utils import (
     assert_engine_clean,
     hf_greedy,
-    one_torch_thread,
     prompts,
     tiny_model,
 )
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 ARCH = "llama"
 HAS_COMPILER = shutil.which("g++") is not None

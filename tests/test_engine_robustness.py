@@ -14,13 +14,14 @@ from backend.engine import LLM, AsyncLLM, SamplingParams
 from backend.engine.exceptions import EngineDeadError, EngineOverloadedError
 from backend.engine.fault_injection import ENV_VAR
 from backend.server import build_app
-from tests.test_engine_support import (  # noqa: F401 (one_torch_thread is an autouse fixture)
+from tests.engine_utils import (
     assert_engine_clean,
-    one_torch_thread,
     prompts,
     tiny_model,
 )
-from tests.test_server_support import RunningServer, long_context_tiny_model, wait_until
+from tests.server_utils import RunningServer, long_context_tiny_model, wait_until
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 

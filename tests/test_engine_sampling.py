@@ -10,12 +10,13 @@ from backend.engine import LLM, SamplingParams
 from backend.engine.detokenizer import IncrementalDetokenizer
 from backend.engine.sampler import apply_penalties, filter_logits
 from backend.engine.sampling_params import SamplingParams as SP
-from tests.test_engine_support import (  # noqa: F401 (one_torch_thread is an autouse fixture)
+from tests.engine_utils import (
     assert_engine_clean,
-    one_torch_thread,
     prompts,
     tiny_model,
 )
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 ARCH = "llama"
 

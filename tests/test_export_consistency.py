@@ -12,7 +12,7 @@ from backend.default_model import packaged_gguf
 from backend.export import ExportOptions, export_files
 from backend.planner import estimate
 from backend.planner.request import PlanRequest
-from tests.export_helpers import flag_value, make_stubs, run_with_stubs, write_files
+from tests.export_utils import flag_value, make_stubs, run_with_stubs, write_files
 
 # engine -> (tensor parallel, max model length, max sequences, batched tokens) flags
 FLAGS = {

@@ -19,8 +19,8 @@ from backend.default_model import packaged_gguf
 from backend.export import ExportOptions, export_files, main_command, resolve
 from backend.planner.request import PlanRequest
 from backend.server.cli import add_arguments as server_arguments
-from tests.conftest import ROOT, free_port
-from tests.export_helpers import write_files
+from tests.common_utils import ROOT, free_port
+from tests.export_utils import write_files
 
 
 def plan(port: int) -> tuple[PlanRequest, ExportOptions]:

@@ -14,7 +14,7 @@ import yaml
 from backend.export import ExportOptions, export_files
 from backend.export.base import shell_command, shell_script
 from backend.planner.request import PlanRequest
-from tests.export_helpers import flag_value, make_stubs, run_with_stubs, write_files
+from tests.export_utils import flag_value, make_stubs, run_with_stubs, write_files
 
 ENGINE_PROGRAM = {
     "vllm": "vllm", "sglang": "python", "trtllm": "trtllm-serve", "tgi": "text-generation-launcher",

@@ -18,8 +18,8 @@ from huggingface_hub import HfApi, SpaceHardware
 from backend.export import ExportOptions, export_files, zip_files
 from backend.export.skypilot import accelerator
 from backend.planner.request import PlanRequest
-from tests.conftest import ROOT
-from tests.export_helpers import bash_syntax_ok, write_files
+from tests.common_utils import ROOT
+from tests.export_utils import bash_syntax_ok, write_files
 
 REMOVED_FLAGS = ("--swap-space", "--speculative-model ", "--num-speculative-tokens", "--use-v2-block-manager")
 

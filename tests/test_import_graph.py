@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.common_utils import ROOT
 
 FORBIDDEN = ("ui", "app", "gradio")
 

@@ -8,8 +8,8 @@ import pytest
 
 from backend.bench.monitor import SAMPLE_KEYS, MetricsPoller, sample_from_stats
 from backend.server import build_app
-from tests.test_engine_support import tiny_model
-from tests.test_server_support import RunningServer, start_engine, wait_until
+from tests.engine_utils import tiny_model
+from tests.server_utils import RunningServer, start_engine, wait_until
 
 
 @pytest.fixture(scope="module")

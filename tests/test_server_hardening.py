@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from backend.engine.fault_injection import ENV_VAR
-from tests.test_server_support import ServeProcess, long_context_tiny_model, wait_until
+from tests.server_utils import ServeProcess, long_context_tiny_model, wait_until
 
 SAMPLE_FAULT, EXECUTE_FAULT = "FAULT-IN-SAMPLING", "FAULT-IN-FORWARD"
 QUEUE_LIMIT = 8

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backend.default_model import default_model
 from backend.server import build_app
-from tests.test_server_support import RunningServer, scrape, start_engine, wait_until
+from tests.server_utils import RunningServer, scrape, start_engine, wait_until
 
 pytestmark = pytest.mark.slow
 MODEL = "smol"

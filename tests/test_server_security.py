@@ -13,9 +13,9 @@ import pytest
 
 from app import build_parser
 from backend.server import build_app
-from tests.conftest import ROOT
-from tests.test_engine_support import tiny_model
-from tests.test_server_support import RunningServer, long_context_tiny_model, start_engine, wait_until
+from tests.common_utils import ROOT
+from tests.engine_utils import tiny_model
+from tests.server_utils import RunningServer, long_context_tiny_model, start_engine, wait_until
 
 KEY = "s3cret-key"
 

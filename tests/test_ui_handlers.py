@@ -17,8 +17,8 @@ import pytest
 from backend.engine.config import EngineConfig
 from backend.export.supervisor import ExternalServers
 from backend.server.engine_holder import EngineHolder, build_engine
-from tests.conftest import free_port
-from tests.test_engine_support import tiny_model
+from tests.common_utils import free_port
+from tests.engine_utils import tiny_model
 from ui import bench_tab, chat_tab, export_tab, external, launch_tab, load, monitor_tab, plan_tab
 from ui.common import AppContext
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from enum import Enum, auto
 
 import torch
@@ -10,8 +9,6 @@ import torch
 from backend.engine.detokenizer import IncrementalDetokenizer
 from backend.engine.outputs import Logprob, RequestMetrics
 from backend.engine.sampling_params import SamplingParams
-
-_seq_ids = itertools.count()
 
 
 class SequenceStatus(Enum):
@@ -30,7 +27,6 @@ class Sequence:
         detokenizer: IncrementalDetokenizer,
         metrics: RequestMetrics,
     ) -> None:
-        self.seq_id = next(_seq_ids)
         self.request_id = request_id
         self.index = index
         self.params = params

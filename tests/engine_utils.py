@@ -9,7 +9,6 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-import pytest
 import torch
 
 ARCHITECTURES = ("llama", "llama_mqa_tied", "llama3_rope", "mistral", "qwen2", "qwen3")
@@ -126,13 +125,3 @@ def assert_engine_clean(llm) -> None:
     assert bm.num_free_blocks == bm.num_blocks, f"{bm.num_used_blocks} KV blocks still in use"
     assert all(count == 0 for count in bm.ref_counts)
     assert llm.stats()["num_kv_blocks_used"] == 0
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny models gain nothing from threads, and on a shared 2-core box idle OpenMP threads spinning
-    against other processes make these tests several times slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)

@@ -66,7 +66,7 @@ def long_context_tiny_model() -> str:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
-    from tests.test_engine_support import tokenizer_dir
+    from tests.engine_utils import tokenizer_dir
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
     config = LlamaConfig(
@@ -97,7 +97,7 @@ class ServeProcess:
         import subprocess
         import sys
 
-        from tests.conftest import ROOT, free_port
+        from tests.common_utils import ROOT, free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
