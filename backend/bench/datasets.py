@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -76,38 +77,27 @@ def _passage(rng: random.Random, n_words: int) -> str:
     return "\n".join(out).strip()
 
 
-def random_requests(n, input_len, output_len, range_ratio, rng, tokenizer=None) -> list[SampleRequest]:
-    return [
-        SampleRequest(
-            _words(rng, _length(rng, input_len, range_ratio), tokenizer),
-            None,
-            _length(rng, output_len, range_ratio),
-        )
-        for _ in range(n)
-    ]
+def random_requests(n, input_len, output_len, range_ratio, rng, tokenizer=None) -> Iterator[SampleRequest]:
+    for _ in range(n):
+        prompt = _words(rng, _length(rng, input_len, range_ratio), tokenizer)
+        yield SampleRequest(prompt, None, _length(rng, output_len, range_ratio))
 
 
-def chat_requests(n, input_len, output_len, range_ratio, rng) -> list[SampleRequest]:
-    requests = []
+def chat_requests(n, input_len, output_len, range_ratio, rng) -> Iterator[SampleRequest]:
     for _ in range(n):
         instruction = rng.choice(CHAT_INSTRUCTIONS)
         content = f"{instruction}\n\n{_passage(rng, _length(rng, input_len, range_ratio))}"
-        requests.append(
-            SampleRequest(None, [{"role": "user", "content": content}], _length(rng, output_len, range_ratio))
-        )
-    return requests
+        messages = [{"role": "user", "content": content}]
+        yield SampleRequest(None, messages, _length(rng, output_len, range_ratio))
 
 
 def prefix_repetition_requests(n, input_len, output_len, num_prefixes, prefix_len, rng, tokenizer=None):
     """``num_prefixes`` shared prefixes of ``prefix_len``, each followed by a random suffix."""
     prefix_len = min(prefix_len, input_len - 1)
     prefixes = [_words(rng, prefix_len, tokenizer) for _ in range(num_prefixes)]
-    return [
-        SampleRequest(
-            f"{prefixes[i % num_prefixes]} {_words(rng, input_len - prefix_len, tokenizer)}", None, output_len
-        )
-        for i in range(n)
-    ]
+    for i in range(n):
+        suffix = _words(rng, input_len - prefix_len, tokenizer)
+        yield SampleRequest(f"{prefixes[i % num_prefixes]} {suffix}", None, output_len)
 
 
 def file_requests(path: str, n: int, output_len: int, rng: random.Random) -> list[SampleRequest]:
@@ -133,6 +123,11 @@ def file_requests(path: str, n: int, output_len: int, rng: random.Random) -> lis
 
 def sample_requests(config) -> list[SampleRequest]:
     """The requests for a BenchConfig (same seed, same requests)."""
+    return list(iter_requests(config))
+
+
+def iter_requests(config) -> Iterator[SampleRequest]:
+    """The same requests, built one at a time as the benchmark sends them (a file is read at once)."""
     rng = random.Random(config.seed)
     tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
     n, inp, out, ratio = config.num_prompts, config.input_len, config.output_len, config.range_ratio
@@ -143,7 +138,7 @@ def sample_requests(config) -> list[SampleRequest]:
     if config.dataset == "prefix-repetition":
         return prefix_repetition_requests(n, inp, out, config.num_prefixes, config.prefix_len, rng, tokenizer)
     if config.dataset.endswith(".jsonl"):
-        return file_requests(config.dataset, n, out, rng)
+        return iter(file_requests(config.dataset, n, out, rng))
     raise ValueError(f"unknown dataset {config.dataset!r}: use one of {', '.join(DATASETS)} or a FILE.jsonl")
 
 

@@ -186,23 +186,36 @@ class MetricsPoller:
     A failed poll returns a sample whose ``error`` says why (and keeps the previous state).
     """
 
-    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 5.0):
-        url = url.rstrip("/")
-        self.url = url if url.endswith("metrics") else f"{url.removesuffix('/v1')}/metrics"
+    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 5.0, transport=None):
+        self.url = metrics_url(url)
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout_s = timeout_s
+        self.transport = transport  # an httpx.BaseTransport (e.g. backend.url_guard's) or None
         self.previous: dict | None = None
 
     def poll(self) -> dict:
         import httpx
 
         try:
-            resp = httpx.get(self.url, headers=self.headers, timeout=self.timeout_s)
+            with httpx.Client(transport=self.transport, trust_env=self.transport is None) as client:
+                resp = client.get(self.url, headers=self.headers, timeout=self.timeout_s)
             resp.raise_for_status()
             sample = sample_from_text(resp.text, self.previous)
-        except (httpx.HTTPError, ValueError) as exc:
+        except (httpx.HTTPError, ValueError) as exc:  # includes url_guard's refusals (a ValueError)
             sample = dict.fromkeys(SAMPLE_KEYS)
             sample.update(timestamp=time.time(), engine="unknown", error=f"{self.url}: {exc}")
             return sample
         self.previous = sample
         return sample
+
+
+def metrics_url(url: str) -> str:
+    """A server's metrics URL: the path as given when it ends in /metrics, else <base>/metrics (a /v1
+    suffix dropped, query and fragment dropped)."""
+    import httpx
+
+    parsed = httpx.URL(url.strip())
+    path = parsed.path.rstrip("/")
+    if not path.endswith("/metrics"):
+        path = path.removesuffix("/v1") + "/metrics"
+    return str(parsed.copy_with(path=path, query=None, fragment=None))

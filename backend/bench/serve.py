@@ -8,14 +8,16 @@ time to the first content chunk, ITL the gaps between chunks, TPOT (E2E - TTFT) 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from typing import Any
 
-from backend.bench.datasets import SampleRequest, sample_requests
+from backend.bench.datasets import SampleRequest, iter_requests
 from backend.bench.results import BenchResult, RequestResult, format_result, summarize
 
 __all__ = ["BenchConfig", "BenchResult", "RequestResult", "format_result", "run_benchmark"]
@@ -62,12 +64,15 @@ class BenchConfig:
             raise ValueError(f"endpoint must be auto, chat or completions, got {self.endpoint!r}")
 
 
-def arrival_intervals(n: int, rate: float, burstiness: float, rng: random.Random) -> list[float]:
+def arrival_gaps(rate: float, burstiness: float, rng: random.Random) -> Iterator[float]:
     """Gaps between request starts: gamma(shape=burstiness, mean=1/rate); all zero for rate inf."""
-    if math.isinf(rate):
-        return [0.0] * n
-    theta = 1.0 / (rate * burstiness)
-    return [rng.gammavariate(burstiness, theta) for _ in range(n)]
+    theta = 0.0 if math.isinf(rate) else 1.0 / (rate * burstiness)
+    while True:
+        yield rng.gammavariate(burstiness, theta) if theta else 0.0
+
+
+def arrival_intervals(n: int, rate: float, burstiness: float, rng: random.Random) -> list[float]:
+    return list(itertools.islice(arrival_gaps(rate, burstiness, rng), n))
 
 
 def _payload(config: BenchConfig, req: SampleRequest, chat: bool) -> dict:
@@ -131,17 +136,16 @@ async def send_request(client, config: BenchConfig, req: SampleRequest, chat: bo
     return result
 
 
-async def _run(config: BenchConfig, requests: list[SampleRequest], progress) -> BenchResult:
+async def _run(
+    config: BenchConfig, requests: Iterator[SampleRequest], progress, transport=None
+) -> BenchResult:
+    """Sends the requests as they arrive; each is built only when its turn comes (no list of them all)."""
     import httpx
 
-    if config.endpoint == "completions" and any(r.messages is not None for r in requests):
-        raise ValueError("the dataset holds chat messages: use endpoint 'chat' or 'auto', not 'completions'")
-    limit = config.max_concurrency or len(requests)
+    limit = config.max_concurrency or config.num_prompts
     gate = asyncio.Semaphore(limit)
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-    intervals = arrival_intervals(
-        len(requests), config.request_rate, config.burstiness, random.Random(config.seed + 1)
-    )
+    gaps = arrival_gaps(config.request_rate, config.burstiness, random.Random(config.seed + 1))
     done = 0
 
     async def one(req: SampleRequest) -> RequestResult:
@@ -151,7 +155,7 @@ async def _run(config: BenchConfig, requests: list[SampleRequest], progress) -> 
             result = await send_request(client, config, req, chat)
         done += 1
         if progress is not None:
-            progress(done, len(requests))
+            progress(done, config.num_prompts)
         return result
 
     limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
@@ -160,10 +164,13 @@ async def _run(config: BenchConfig, requests: list[SampleRequest], progress) -> 
         headers=headers,
         limits=limits,
         timeout=httpx.Timeout(config.timeout_s),
+        transport=transport,
+        trust_env=transport is None,
     ) as client:
         start = time.perf_counter()
         tasks = []
-        for req, gap in zip(requests, intervals, strict=True):
+        for req in requests:
+            gap = next(gaps)
             if gap:
                 await asyncio.sleep(gap)
             tasks.append(asyncio.create_task(one(req)))
@@ -179,6 +186,19 @@ def _config_dict(config: BenchConfig) -> dict:
     return asdict(config) | {"api_key": None, "request_rate": rate}
 
 
-def run_benchmark(config: BenchConfig, progress: Callable[[int, int], None] | None = None) -> BenchResult:
-    """Run the benchmark (blocking); ``progress(done, total)`` is called after each request."""
-    return asyncio.run(_run(config, sample_requests(config), progress))
+def run_benchmark(
+    config: BenchConfig,
+    progress: Callable[[int, int], None] | None = None,
+    transport: Any = None,
+) -> BenchResult:
+    """Run the benchmark (blocking); ``progress(done, total)`` is called after each request. ``transport``
+    (an httpx.AsyncBaseTransport, e.g. backend.url_guard's) carries every request when given."""
+    if config.endpoint == "completions" and _holds_messages(config):
+        raise ValueError("the dataset holds chat messages: use endpoint 'chat' or 'auto', not 'completions'")
+    return asyncio.run(_run(config, iter_requests(config), progress, transport))
+
+
+def _holds_messages(config: BenchConfig) -> bool:
+    if config.dataset == "chat":
+        return True
+    return config.dataset.endswith(".jsonl") and any(r.messages is not None for r in iter_requests(config))

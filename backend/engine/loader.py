@@ -20,6 +20,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
 _MODEL_TYPES |= {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+HUB_ALLOW_PATTERNS = ("*.json", "*.safetensors", "tokenizer*", "*.txt")  # what a Hub model download fetches
 
 
 @dataclass(slots=True)
@@ -49,7 +50,7 @@ def resolve_model(model: str) -> tuple[str, str | None]:
     from huggingface_hub import snapshot_download
 
     try:
-        folder = snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.txt"])
+        folder = snapshot_download(model, allow_patterns=list(HUB_ALLOW_PATTERNS))
     except Exception as exc:
         raise OSError(
             f"Could not download {model} from the Hugging Face Hub ({type(exc).__name__}: {exc}). "

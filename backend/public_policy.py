@@ -1,0 +1,164 @@
+"""PublicPolicy: what a visitor of a publicly hosted app may load, fetch, control and ask for.
+
+One dataclass, read once from the command line and the environment, checked at every boundary a visitor
+reaches (each Gradio handler is a public API, so the handlers check it, not only the page). Local mode
+(`PublicPolicy()`) allows everything, as before. Public mode is on with `python app.py --public`,
+`PLAYGROUND_PUBLIC=1`, or when a Hugging Face Space's variables (`SPACE_ID`) are present.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hmac
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# A Space's runtime sets these (https://huggingface.co/docs/hub/spaces-overview#helper-environment-variables)
+SPACE_VARIABLES = ("SPACE_ID", "SPACE_HOST", "SPACE_REPO_NAME")
+# Hub ids as huggingface_hub validates them: [org/]name of letters, digits, "-", "_", "."; no "--" or "..".
+HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}$")
+GB = 10**9
+# cpu-basic Spaces have 16 GB of RAM (huggingface.co/pricing#spaces); the engine keeps bf16 weights, or
+# fp32 (2x a bf16 checkpoint) on CPUs without fast bf16, so a 3 GB checkpoint needs about 6 GB loaded.
+DEFAULT_MAX_MODEL_GB = 3.0
+
+
+class Forbidden(ValueError):
+    """A visitor asked for something public mode does not allow; the message says what is allowed."""
+
+
+def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{name} must be a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def _env_float(environ: Mapping[str, str], name: str, default: float) -> float:
+    text = environ.get(name, "").strip()
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{name} must be a number > 0, got {text!r}")
+    return value
+
+
+@dataclass(slots=True, frozen=True)
+class PublicPolicy:
+    """Local mode by default; `from_env` builds the policy the app runs with."""
+
+    is_public: bool = False
+    admin_token: str | None = field(default=None, repr=False)  # PLAYGROUND_ADMIN_TOKEN
+    allowed_urls: tuple[str, ...] = ()  # PLAYGROUND_ALLOWED_URLS: URL prefixes, "*" = any public address
+    max_model_bytes: int = int(DEFAULT_MAX_MODEL_GB * GB)  # PLAYGROUND_MAX_MODEL_GB
+    max_bench_requests: int = 64  # PLAYGROUND_MAX_BENCH_REQUESTS
+    max_concurrency: int = 8  # PLAYGROUND_MAX_CONCURRENCY (benchmark)
+    max_load_requests: int = 32  # PLAYGROUND_MAX_LOAD_REQUESTS (the chat's load button)
+    max_tokens: int = 512  # PLAYGROUND_MAX_TOKENS (chat, load and benchmark output; benchmark input)
+
+    @classmethod
+    def from_env(cls, public: bool = False, environ: Mapping[str, str] | None = None) -> PublicPolicy:
+        """Public when asked (--public, PLAYGROUND_PUBLIC=1) or on a Space; limits from PLAYGROUND_*."""
+        env = os.environ if environ is None else environ
+        forced = env.get("PLAYGROUND_PUBLIC", "").strip().lower() in ("1", "true", "yes")
+        on_space = any(env.get(name) for name in SPACE_VARIABLES)
+        if not (public or forced or on_space):
+            return cls()
+        urls = tuple(u.strip() for u in env.get("PLAYGROUND_ALLOWED_URLS", "").split(",") if u.strip())
+        return cls(
+            is_public=True,
+            admin_token=env.get("PLAYGROUND_ADMIN_TOKEN") or None,
+            allowed_urls=urls,
+            max_model_bytes=int(_env_float(env, "PLAYGROUND_MAX_MODEL_GB", DEFAULT_MAX_MODEL_GB) * GB),
+            max_bench_requests=_env_int(env, "PLAYGROUND_MAX_BENCH_REQUESTS", cls.max_bench_requests),
+            max_concurrency=_env_int(env, "PLAYGROUND_MAX_CONCURRENCY", cls.max_concurrency),
+            max_load_requests=_env_int(env, "PLAYGROUND_MAX_LOAD_REQUESTS", cls.max_load_requests),
+            max_tokens=_env_int(env, "PLAYGROUND_MAX_TOKENS", cls.max_tokens),
+        )
+
+    def describe(self) -> str:
+        """One line for the startup banner: the mode and what it locks."""
+        if not self.is_public:
+            return "local mode (nothing locked: every model, URL and engine control is allowed)"
+        control = "admin token required" if self.admin_token else "disabled (no PLAYGROUND_ADMIN_TOKEN)"
+        urls = ", ".join(self.allowed_urls) or "none"
+        return (
+            f"public mode: engine launch/stop {control}; trust_remote_code refused; models: Hub ids of at "
+            f"most {self.max_model_bytes / GB:g} GB; Monitor/Benchmark reach this app's /v1 and /metrics, "
+            f"plus {urls}; per request: {self.max_bench_requests} benchmark requests, "
+            f"{self.max_load_requests} load requests, {self.max_tokens} tokens"
+        )
+
+    def check_admin(self, token: str | None) -> None:
+        """Engine control (launch, stop, relaunch): anyone locally; in public mode only with the token."""
+        if not self.is_public:
+            return
+        if not self.admin_token:
+            raise Forbidden(
+                "engine control is disabled on this public app: its owner has not set PLAYGROUND_ADMIN_TOKEN"
+            )
+        if not hmac.compare_digest((token or "").encode(), self.admin_token.encode()):
+            raise Forbidden("engine control needs the admin token (the owner's PLAYGROUND_ADMIN_TOKEN)")
+
+    def check_trust_remote_code(self, trust_remote_code: bool) -> None:
+        if self.is_public and trust_remote_code:
+            raise Forbidden("trust_remote_code is refused in public mode: it would run the model repo's code")
+
+    def check_model_name(self, model: str, presets: tuple[str, ...] = ()) -> None:
+        """A model a visitor names: in public mode a preset (the owner's) or a Hub id, never a path.
+
+        The message is the same whether or not a path exists, so it tells nothing about the filesystem."""
+        if not self.is_public or model in presets:
+            return
+        shape_ok = HUB_ID.match(model) and ".." not in model and "--" not in model
+        # A relative path shaped like a Hub id is refused with the same words as any other path.
+        if not shape_ok or model.endswith(".gguf") or Path(model).exists():
+            raise Forbidden(
+                f"public mode loads models from the Hugging Face Hub only: give an id such as "
+                f"HuggingFaceTB/SmolLM2-135M-Instruct (local paths and files are not allowed), got {model!r}"
+            )
+
+    def check_model_size(self, repo_id: str, model_info: Callable[..., Any] | None = None) -> int:
+        """The download size of a Hub model (the files the loader fetches), read from the Hub's metadata
+        before anything is downloaded; Forbidden above max_model_bytes. Returns the size in bytes."""
+        if model_info is None:
+            from huggingface_hub import model_info
+        try:
+            info = model_info(repo_id, files_metadata=True, timeout=10)
+        except Exception as exc:  # offline, no such repo, gated: the launch cannot go on either way
+            reason = type(exc).__name__
+            raise ValueError(f"cannot read {repo_id}'s file sizes from the Hub ({reason})") from None
+        size = download_bytes(info.siblings or [])
+        if size > self.max_model_bytes:
+            raise Forbidden(
+                f"{repo_id} downloads {size / GB:.2f} GB; this public app allows models up to "
+                f"{self.max_model_bytes / GB:g} GB (PLAYGROUND_MAX_MODEL_GB)"
+            )
+        return size
+
+    def limit(self, value: int, maximum: int, name: str, variable: str) -> int:
+        """value, or Forbidden when it exceeds a public-mode maximum."""
+        if self.is_public and value > maximum:
+            raise Forbidden(f"{name} must be at most {maximum} on this public app ({variable}), got {value}")
+        return value
+
+
+def download_bytes(siblings: list[Any]) -> int:
+    """Bytes the engine's loader downloads from a repo: the files matching its allow patterns."""
+    from backend.engine.loader import HUB_ALLOW_PATTERNS
+
+    total = 0
+    for sibling in siblings:
+        if any(fnmatch.fnmatch(sibling.rfilename, pattern) for pattern in HUB_ALLOW_PATTERNS):
+            if sibling.size is None:
+                raise ValueError(f"the Hub did not report the size of {sibling.rfilename}")
+            total += sibling.size
+    return total
