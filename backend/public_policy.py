@@ -13,7 +13,7 @@ import hmac
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -31,38 +31,38 @@ class Forbidden(ValueError):
     """A visitor asked for something public mode does not allow; the message says what is allowed."""
 
 
-def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
+def _env_number(environ: Mapping[str, str], name: str, default: float, kind: type) -> float:
+    """A positive number from the environment (int or float as the field is), default when unset."""
     text = environ.get(name, "").strip()
     if not text:
         return default
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{name} must be a whole number >= 1, got {text!r}")
-    return int(text)
-
-
-def _env_float(environ: Mapping[str, str], name: str, default: float) -> float:
-    text = environ.get(name, "").strip()
     try:
-        value = float(text) if text else default
+        value = kind(text)
     except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{name} must be a number > 0, got {text!r}")
+        value = 0
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a {'whole ' if kind is int else ''}number > 0, got {text!r}")
     return value
+
+
+def _limit(default: float, variable: str) -> Any:
+    return field(default=default, metadata={"env": variable})
 
 
 @dataclass(slots=True, frozen=True)
 class PublicPolicy:
-    """Local mode by default; `from_env` builds the policy the app runs with."""
+    """Local mode by default; `from_env` builds the policy the app runs with. Each limit field names the
+    environment variable that sets it."""
 
     is_public: bool = False
     admin_token: str | None = field(default=None, repr=False)  # PLAYGROUND_ADMIN_TOKEN
     allowed_urls: tuple[str, ...] = ()  # PLAYGROUND_ALLOWED_URLS: URL prefixes, "*" = any public address
-    max_model_bytes: int = int(DEFAULT_MAX_MODEL_GB * GB)  # PLAYGROUND_MAX_MODEL_GB
-    max_bench_requests: int = 64  # PLAYGROUND_MAX_BENCH_REQUESTS
-    max_concurrency: int = 8  # PLAYGROUND_MAX_CONCURRENCY (benchmark)
-    max_load_requests: int = 32  # PLAYGROUND_MAX_LOAD_REQUESTS (the chat's load button)
-    max_tokens: int = 512  # PLAYGROUND_MAX_TOKENS (chat, load and benchmark output; benchmark input)
+    max_model_gb: float = _limit(DEFAULT_MAX_MODEL_GB, "PLAYGROUND_MAX_MODEL_GB")  # Hub download size
+    max_bench_requests: int = _limit(64, "PLAYGROUND_MAX_BENCH_REQUESTS")
+    max_concurrency: int = _limit(8, "PLAYGROUND_MAX_CONCURRENCY")  # of a benchmark
+    max_load_requests: int = _limit(32, "PLAYGROUND_MAX_LOAD_REQUESTS")  # the chat's load button
+    max_tokens: int = _limit(512, "PLAYGROUND_MAX_TOKENS")  # output of a chat, load or benchmark request
+    max_input_tokens: int = _limit(2048, "PLAYGROUND_MAX_INPUT_TOKENS")  # a benchmark request's prompt
 
     @classmethod
     def from_env(cls, public: bool = False, environ: Mapping[str, str] | None = None) -> PublicPolicy:
@@ -73,16 +73,16 @@ class PublicPolicy:
         if not (public or forced or on_space):
             return cls()
         urls = tuple(u.strip() for u in env.get("PLAYGROUND_ALLOWED_URLS", "").split(",") if u.strip())
-        return cls(
-            is_public=True,
-            admin_token=env.get("PLAYGROUND_ADMIN_TOKEN") or None,
-            allowed_urls=urls,
-            max_model_bytes=int(_env_float(env, "PLAYGROUND_MAX_MODEL_GB", DEFAULT_MAX_MODEL_GB) * GB),
-            max_bench_requests=_env_int(env, "PLAYGROUND_MAX_BENCH_REQUESTS", cls.max_bench_requests),
-            max_concurrency=_env_int(env, "PLAYGROUND_MAX_CONCURRENCY", cls.max_concurrency),
-            max_load_requests=_env_int(env, "PLAYGROUND_MAX_LOAD_REQUESTS", cls.max_load_requests),
-            max_tokens=_env_int(env, "PLAYGROUND_MAX_TOKENS", cls.max_tokens),
-        )
+        limits = {
+            f.name: _env_number(env, f.metadata["env"], f.default, type(f.default))
+            for f in fields(cls)
+            if "env" in f.metadata
+        }
+        return cls(True, env.get("PLAYGROUND_ADMIN_TOKEN") or None, urls, **limits)
+
+    @property
+    def max_model_bytes(self) -> int:
+        return int(self.max_model_gb * GB)
 
     def describe(self) -> str:
         """One line for the startup banner: the mode and what it locks."""
@@ -92,7 +92,7 @@ class PublicPolicy:
         urls = ", ".join(self.allowed_urls) or "none"
         return (
             f"public mode: engine launch/stop {control}; trust_remote_code refused; models: Hub ids of at "
-            f"most {self.max_model_bytes / GB:g} GB; Monitor/Benchmark reach this app's /v1 and /metrics, "
+            f"most {self.max_model_gb:g} GB; Monitor/Benchmark reach this app's /v1 and /metrics, "
             f"plus {urls}; per request: {self.max_bench_requests} benchmark requests, "
             f"{self.max_load_requests} load requests, {self.max_tokens} tokens"
         )
@@ -140,7 +140,7 @@ class PublicPolicy:
         if size > self.max_model_bytes:
             raise Forbidden(
                 f"{repo_id} downloads {size / GB:.2f} GB; this public app allows models up to "
-                f"{self.max_model_bytes / GB:g} GB (PLAYGROUND_MAX_MODEL_GB)"
+                f"{self.max_model_gb:g} GB (PLAYGROUND_MAX_MODEL_GB)"
             )
         return size
 

@@ -108,11 +108,12 @@ class URLGuard:
             )
         return response
 
-    def transport(self) -> httpx.BaseTransport:
-        return GuardedTransport(self)
+    def transport(self) -> httpx.BaseTransport | None:
+        """The checking transport in public mode; None (httpx's own, proxies from the environment) locally."""
+        return GuardedTransport(self) if self.is_public else None
 
-    def async_transport(self) -> httpx.AsyncBaseTransport:
-        return AsyncGuardedTransport(self)
+    def async_transport(self) -> httpx.AsyncBaseTransport | None:
+        return AsyncGuardedTransport(self) if self.is_public else None
 
 
 def _origin(url: httpx.URL) -> tuple[str, str, int]:

@@ -81,10 +81,17 @@ def build_demo(ctx: AppContext) -> gr.Blocks:
 
 
 def build_server(ctx: AppContext) -> FastAPI:
-    """One FastAPI app: the OpenAI-compatible API of the shared engine, with the UI mounted at /."""
+    """One FastAPI app: the OpenAI-compatible API of the shared engine, with the UI mounted at /.
+
+    With an API key, /v1 and /metrics need it; the UI and /health do not."""
     from backend.server import build_app
 
-    app = build_app(engine_provider=ctx.holder.get)
+    app = build_app(
+        engine_provider=ctx.holder.get,
+        api_key=ctx.api_key,
+        key_prefixes=("/v1", "/metrics"),
+        expose_prefix_cache=not ctx.policy.is_public,
+    )
     return gr.mount_gradio_app(app, build_demo(ctx), path="/", theme=THEME, css=CSS, footer_links=["api"])
 
 
@@ -100,16 +107,48 @@ def _open_share_tunnel(host: str, port: int) -> None:
         print(f"* Could not create a share link ({exc}); serving locally only.", flush=True)
 
 
-def launch(host: str = "127.0.0.1", port: int = 7860, model: str | None = None, share: bool = False) -> None:
-    """Serve the UI and the OpenAI-compatible API on host:port until interrupted."""
+def banner(host: str, port: int, ctx: AppContext) -> str:
+    """Where the app really listens, in which mode, and what is locked."""
+    scopes = {"0.0.0.0": "all network interfaces", "::": "all network interfaces"}
+    scopes |= dict.fromkeys(("127.0.0.1", "localhost", "::1"), "this machine only")
+    where = scopes.get(host, "that interface only")
+    key = "needs the API key" if ctx.api_key else "open (no API key)"
+    return (
+        f"* Listening on {host}:{port} ({where}); UI at {ctx.api_base.removesuffix('/v1')}/\n"
+        f"* OpenAI API {ctx.api_base} and /metrics: {key}\n"
+        f"* {ctx.policy.describe()}"
+    )
+
+
+def launch(
+    host: str = "127.0.0.1",
+    port: int = 7860,
+    model: str | None = None,
+    share: bool = False,
+    public: bool = False,
+    api_key: str | None = None,
+) -> None:
+    """Serve the UI and the OpenAI-compatible API on host:port until interrupted. ``public`` (or a
+    Space's environment) locks what visitors may do (backend.public_policy)."""
     import uvicorn
+
+    from backend.public_policy import PublicPolicy
 
     if host == "127.0.0.1" and os.environ.get("GRADIO_SERVER_NAME"):  # a Hugging Face Space asks for 0.0.0.0
         host = os.environ["GRADIO_SERVER_NAME"]
-    display_host = "127.0.0.1" if host == "0.0.0.0" else host
-    ctx = AppContext(EngineHolder(), model or default_model_for_launch(), f"http://{display_host}:{port}/v1")
+    display_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    policy = PublicPolicy.from_env(public)
+    ctx = AppContext(
+        EngineHolder(),
+        model or default_model_for_launch(),
+        f"http://{display_host}:{port}/v1",
+        policy=policy,
+        api_key=api_key,
+    )
     app = build_server(ctx)
-    print(f"* Running on http://{display_host}:{port}  (OpenAI API: {ctx.api_base})", flush=True)
+    if policy.is_public:  # visitors cannot launch: the owner's model starts with the app
+        threading.Thread(target=launch_tab.launch_default, args=(ctx,), daemon=True).start()
+    print(banner(host, port, ctx), flush=True)
     if share:
         threading.Timer(2.0, _open_share_tunnel, args=(host, port)).start()
     try:

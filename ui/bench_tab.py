@@ -42,27 +42,54 @@ def bench_config(
         if not (model or "").strip():
             raise ValueError("model is required for an external server (the name its /v1/models lists)")
         model = model.strip()
+    ctx.guard.check(base_url)  # a refused URL is a message here, before any request
+    policy = ctx.policy
     return BenchConfig(
         base_url=base_url,
         model=model,
         dataset="random",
-        num_prompts=required_int(num_prompts, "number of requests"),
-        input_len=required_int(input_len, "input length (tokens)"),
-        output_len=required_int(output_len, "output length (tokens)"),
-        max_concurrency=required_int(concurrency, "max concurrency"),
+        num_prompts=policy.limit(
+            required_int(num_prompts, "number of requests"),
+            policy.max_bench_requests,
+            "number of requests",
+            "PLAYGROUND_MAX_BENCH_REQUESTS",
+        ),
+        input_len=policy.limit(
+            required_int(input_len, "input length (tokens)"),
+            policy.max_input_tokens,
+            "input length (tokens)",
+            "PLAYGROUND_MAX_INPUT_TOKENS",
+        ),
+        output_len=policy.limit(
+            required_int(output_len, "output length (tokens)"),
+            policy.max_tokens,
+            "output length (tokens)",
+            "PLAYGROUND_MAX_TOKENS",
+        ),
+        max_concurrency=policy.limit(
+            required_int(concurrency, "max concurrency"),
+            policy.max_concurrency,
+            "max concurrency",
+            "PLAYGROUND_MAX_CONCURRENCY",
+        ),
         ignore_eos=True,
+        api_key=ctx.key_for(base_url),
         timeout_s=REQUEST_TIMEOUT_S,
     )
 
 
-def check_reachable(base_url: str) -> None:
+def check_reachable(ctx: AppContext, config: Any) -> None:
     """Fail fast (5 s) with a clear message instead of timing out request by request."""
     import httpx
 
+    url = config.base_url.rstrip("/") + "/models"
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    transport = ctx.guard.transport()
     try:
-        httpx.get(base_url.rstrip("/") + "/models", timeout=5.0)
+        with httpx.Client(transport=transport, trust_env=transport is None) as client:
+            client.get(url, headers=headers, timeout=5.0)
     except httpx.HTTPError as exc:
-        raise ValueError(f"cannot reach {base_url}: {describe(exc) or type(exc).__name__}") from None
+        raise ValueError(f"cannot reach {config.base_url}: {describe(exc) or type(exc).__name__}") from None
 
 
 def percentile_rows(result: dict[str, Any]) -> list[list[str]]:
@@ -128,7 +155,7 @@ def run(ctx: AppContext, plan: dict[str, Any] | None, *form: Any, progress: Any 
 
     try:
         config = bench_config(ctx, *form)
-        check_reachable(config.base_url)
+        check_reachable(ctx, config)
         estimate_plan = plan_for(ctx, form[0], plan, config)
     except ValueError as exc:
         return error_message(describe(exc)), gr.skip(), gr.skip(), gr.skip()
@@ -138,7 +165,7 @@ def run(ctx: AppContext, plan: dict[str, Any] | None, *form: Any, progress: Any 
             progress(done / max(total, 1), desc=f"{done}/{total} requests")
 
     try:
-        result = run_benchmark(config, progress=report)
+        result = run_benchmark(config, progress=report, transport=ctx.guard.async_transport())
     except Exception as exc:  # unreachable server, wrong model name, HTTP errors
         return error_message(f"benchmark failed: {describe(exc)}"), gr.skip(), gr.skip(), gr.skip()
     data = result.to_dict()
@@ -185,4 +212,5 @@ def build(ctx: AppContext, plan_state: gr.State) -> None:
         on_run,
         [plan_state, target, url, model, num_prompts, input_len, output_len, concurrency],
         [message, table, summary, figure],
+        api_name="benchmark",
     )

@@ -50,6 +50,8 @@ async def ensure_engine(ctx: AppContext) -> tuple[Any | None, str]:
     """The running engine; launches the default model if none was launched; (None, why) on failure."""
     holder = ctx.holder
     if holder.status().state == "stopped":
+        if ctx.policy.is_public:  # visitors do not control the engine; its owner launches it
+            return None, "the engine is stopped; the owner of this app launches it (Launch tab, admin token)"
         await asyncio.to_thread(_launch_default, holder, ctx.default_model)
     while holder.status().state == "loading":
         await asyncio.sleep(0.5)
@@ -90,6 +92,7 @@ async def chat(ctx: AppContext, text: str, shown: list, system: str, *controls: 
         return
     try:
         params = sampling_params(*controls)
+        ctx.policy.limit(params.max_tokens, ctx.policy.max_tokens, "max tokens", "PLAYGROUND_MAX_TOKENS")
     except ValueError as exc:
         yield gr.skip(), gr.skip(), gr.skip(), error_message(describe(exc)), gr.skip()
         return
@@ -153,14 +156,21 @@ def live_now_html(sample: dict[str, Any] | None) -> str:
     )
 
 
-def refresh_live(holder: EngineHolder) -> tuple:
-    """Timer handler: (numbers, live chart, KV block map) from the shared sample history."""
+def refresh_live(holder: EngineHolder, is_public: bool = False) -> tuple:
+    """Timer handler: (numbers, live chart, KV block map) from the shared sample history.
+
+    In public mode prefix-cache hits are not shown and the block map does not tell requests apart:
+    either would let a visitor see whether someone else sent a prompt with the same beginning."""
     samples = holder.samples()
     if not samples:
         return live_now_html(None), gr.skip(), gr.skip()
     stats = holder.last_stats() or {}
+    owners = stats.get("block_owners") or {}
+    if is_public:
+        samples = [{**sample, "prefix_cache_hit_rate": None} for sample in samples]
+        owners = {"in use": sorted({b for blocks in owners.values() for b in blocks})} if owners else {}
     total = int(stats.get("num_kv_blocks_total") or 0)
-    block_map = charts.kv_block_map_figure(stats.get("block_owners") or {}, total) if total else gr.skip()
+    block_map = charts.kv_block_map_figure(owners, total) if total else gr.skip()
     return live_now_html(samples[-1]), charts.live_figure(samples), block_map
 
 
@@ -208,16 +218,22 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.Timer:
             yield update
 
     outputs = [chatbot, text, stats, message, request_id]
-    for trigger in (send.click, text.submit):
+    for trigger, api_name in ((send.click, "chat"), (text.submit, "chat_submit")):
         trigger(
             on_chat,
             [text, chatbot, system, *controls],
             outputs,
             concurrency_limit=None,
             show_progress="hidden",
+            api_name=api_name,
         )
     stop.click(lambda rid: stop_reply(ctx.holder, rid), request_id, message)
     clear.click(lambda: ([], "", ""), None, [chatbot, stats, message])
     timer = gr.Timer(1.0, active=False)
-    timer.tick(lambda: refresh_live(ctx.holder), None, [now, live, block_map], show_progress="hidden")
+    timer.tick(
+        lambda: refresh_live(ctx.holder, ctx.policy.is_public),
+        None,
+        [now, live, block_map],
+        show_progress="hidden",
+    )
     return timer

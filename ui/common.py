@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import httpx
+
+from backend.public_policy import PublicPolicy
 from backend.server.engine_holder import EngineHolder
+from backend.url_guard import URLGuard
 
 GIB = 1024**3
 
@@ -17,6 +21,18 @@ class AppContext:
     holder: EngineHolder
     default_model: str  # GGUF path, folder or Hub id that Launch proposes
     api_base: str  # this server's OpenAI-compatible API, e.g. http://127.0.0.1:7860/v1
+    policy: PublicPolicy = field(default_factory=PublicPolicy)  # local mode unless the app is public
+    api_key: str | None = field(default=None, repr=False)  # this app's /v1 key, sent to its own API only
+
+    @property
+    def guard(self) -> URLGuard:
+        """What Monitor and Benchmark may fetch: this app's own API, plus what the policy allows."""
+        origin = httpx.URL(self.api_base).copy_with(path="/", query=None)
+        return URLGuard(self.policy.is_public, str(origin).rstrip("/"), self.policy.allowed_urls)
+
+    def key_for(self, url: str) -> str | None:
+        """This app's API key when url is its own API (never sent elsewhere), else None."""
+        return self.api_key if self.guard.is_own(httpx.URL(url)) else None
 
 
 def error_message(text: str) -> str:

@@ -53,10 +53,13 @@ def load_prompts(engine: Any, n: int) -> list[list[int]]:
 async def fire_load(ctx: AppContext, num_requests: Any, max_tokens: Any) -> AsyncIterator[str]:
     """Send N concurrent requests to the engine; yields a progress line, then a summary."""
     try:
+        policy = ctx.policy
         n = required_int(num_requests, "number of requests")
         tokens = required_int(max_tokens, "max tokens per request")
         if n > MAX_LOAD_REQUESTS:
             raise ValueError(f"number of requests must be at most {MAX_LOAD_REQUESTS}, got {n}")
+        policy.limit(n, policy.max_load_requests, "number of requests", "PLAYGROUND_MAX_LOAD_REQUESTS")
+        policy.limit(tokens, policy.max_tokens, "max tokens per request", "PLAYGROUND_MAX_TOKENS")
     except ValueError as exc:
         yield error_message(describe(exc))
         return
@@ -112,4 +115,4 @@ def build(ctx: AppContext) -> None:
         async for update in fire_load(ctx, num, max_tokens):
             yield update
 
-    fire.click(on_fire, [n, tokens], status, concurrency_limit=None)
+    fire.click(on_fire, [n, tokens], status, concurrency_limit=None, api_name="fire_load")

@@ -6,6 +6,8 @@ from typing import Any
 
 import gradio as gr
 
+from backend.bench.monitor import metrics_url
+from backend.url_guard import URLGuard
 from ui import charts
 from ui.common import AppContext, error_message, info_message, percent, tok_s
 
@@ -18,10 +20,10 @@ class Pollers:
     def __init__(self) -> None:
         self._by_session: dict[str, Any] = {}
 
-    def start(self, session: str, url: str) -> Any:
+    def start(self, session: str, url: str, guard: URLGuard, api_key: str | None = None) -> Any:
         from backend.bench.monitor import MetricsPoller
 
-        poller = MetricsPoller(url)
+        poller = MetricsPoller(url, api_key, transport=guard.transport())
         self._by_session[session] = poller
         return poller
 
@@ -43,8 +45,11 @@ def summary_html(sample: dict[str, Any]) -> str:
     )
 
 
-def start_monitor(pollers: Pollers, session: str, url: str) -> tuple:
-    """(timer update, message, samples). Polls once at once so a wrong URL is reported right here."""
+def start_monitor(pollers: Pollers, session: str, url: str, ctx: AppContext | None = None) -> tuple:
+    """(timer update, message, samples). Polls once at once so a wrong or refused URL is reported here.
+
+    In public mode ctx's guard refuses what a visitor may not fetch; this app's own API key is sent
+    only to this app's own /metrics."""
     url = (url or "").strip()
     if not url.startswith(("http://", "https://")):
         return (
@@ -52,7 +57,8 @@ def start_monitor(pollers: Pollers, session: str, url: str) -> tuple:
             error_message(f"URL must start with http:// or https://, got {url!r}"),
             [],
         )
-    sample = pollers.start(session, url).poll()
+    guard, key = (ctx.guard, ctx.key_for(metrics_url(url))) if ctx is not None else (URLGuard(), None)
+    sample = pollers.start(session, url, guard, key).poll()
     if sample.get("error"):  # unreachable host, HTTP error, not a metrics page
         pollers.stop(session)
         return gr.Timer(active=False), error_message(f"cannot read metrics: {sample['error']}"), []
@@ -93,7 +99,7 @@ def build(ctx: AppContext) -> None:
     timer = gr.Timer(1.0, active=False)
 
     def on_start(url_text: str, request: gr.Request) -> tuple:
-        return start_monitor(pollers, request.session_hash or "", url_text)
+        return start_monitor(pollers, request.session_hash or "", url_text, ctx)
 
     def on_tick(history: list, request: gr.Request) -> tuple:
         return poll_monitor(pollers, request.session_hash or "", history)
@@ -102,6 +108,6 @@ def build(ctx: AppContext) -> None:
         pollers.stop(request.session_hash or "")
         return gr.Timer(active=False), info_message("Stopped polling.")
 
-    start.click(on_start, url, [timer, message, samples])
+    start.click(on_start, url, [timer, message, samples], api_name="monitor_start")
     timer.tick(on_tick, samples, [message, chart, samples], show_progress="hidden")
     stop.click(on_stop, None, [timer, message])

@@ -97,13 +97,16 @@ def badge_html(est: dict[str, Any]) -> str:
     return badge + "".join(f"<div class='msg msg-info'>{html.escape(n)}</div>" for n in notes)
 
 
-def estimate_plan(*form):
-    """Handler for every input change.
+def estimate_plan(*form, ctx: AppContext | None = None):
+    """Handler for every input change; with ctx, its policy decides which models a visitor may name.
 
     Returns (badge, kpis, memory figure, GPU comparison, recommendation, message, plan as a dict)."""
     from backend.planner import compare_gpus, estimate, recommend
 
     try:
+        name = str(form[0] or "").strip()
+        if ctx is not None and name:  # public mode: presets, the app's own model and Hub ids, never a path
+            ctx.policy.check_model_name(name, presets=(ctx.default_model,))
         req = plan_request(*form[:13])
         est = estimate(req).to_dict()
         rows = [e.to_dict() for e in compare_gpus(req)]
@@ -242,8 +245,11 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.State:
         tpot,
     ]
     outputs = [badge, kpis, memory, compare, recommendation, message, plan_state]
+    def on_change(*values: Any) -> tuple:
+        return estimate_plan(*values, ctx=ctx)
+
     for control in form:
-        control.change(estimate_plan, form, outputs, show_progress="hidden")
+        control.change(on_change, form, outputs, show_progress="hidden")
     search.click(search_hub, query, [model, message])
-    demo.load(estimate_plan, form, outputs).then(hub_status, None, [hub, query, search])
+    demo.load(on_change, form, outputs).then(hub_status, None, [hub, query, search])
     return plan_state

@@ -27,20 +27,23 @@ def build_app(
     api_key: str | None = None,
     max_waiting_requests: int = 256,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    public_prefixes: tuple[str, ...] = (),
+    key_prefixes: tuple[str, ...] | None = None,
+    expose_prefix_cache: bool = True,
 ) -> FastAPI:
     """The OpenAI-compatible app over ``engine_provider()`` (an AsyncLLM, or None while none runs).
 
-    With ``api_key`` set, every path but /health (and paths under ``public_prefixes``, e.g. a mounted
-    UI) needs ``Authorization: Bearer <api_key>``. Bodies over ``max_body_bytes`` get 413; requests
-    arriving while ``max_waiting_requests`` wait in the engine get 503 with Retry-After.
+    With ``api_key`` set, every path but /health (or, with ``key_prefixes``, only the paths under them,
+    e.g. ("/v1", "/metrics") beside a mounted UI) needs ``Authorization: Bearer <api_key>``. Bodies
+    over ``max_body_bytes`` get 413; requests arriving while ``max_waiting_requests`` wait in the engine
+    get 503 with Retry-After. Without ``expose_prefix_cache`` (a public app) /metrics leaves out the
+    prefix-cache hit counters.
     """
     if max_waiting_requests < 0:
         raise ValueError(f"max_waiting_requests must be >= 0, got {max_waiting_requests}")
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
     ctx = ServingContext(engine_provider, served_model_name, max_waiting_requests, None)
-    ctx.metrics = ServerMetrics(engine_provider, ctx.model_name)
+    ctx.metrics = ServerMetrics(engine_provider, ctx.model_name, expose_prefix_cache)
 
     app = FastAPI(title="LLM serving playground: OpenAI-compatible API", docs_url=None, redoc_url=None)
     app.state.serving = ctx
@@ -63,5 +66,5 @@ def build_app(
     # Starlette runs the last-added middleware first: the key is checked before the body is read.
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=max_body_bytes)
     if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key, public_prefixes=public_prefixes)
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key, key_prefixes=key_prefixes)
     return app

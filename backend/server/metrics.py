@@ -107,12 +107,28 @@ COUNTERS = {
 }
 
 
-class EngineCollector:
-    """Reads the current engine's stats() on every scrape; yields nothing while no engine runs."""
+PREFIX_CACHE_COUNTERS = ("prefix_cache_queries_total", "prefix_cache_hits_total")
 
-    def __init__(self, engine_provider: Callable[[], object | None], model_name: Callable[[object], str]):
+
+class EngineCollector:
+    """Reads the current engine's stats() on every scrape; yields nothing while no engine runs.
+
+    Without ``expose_prefix_cache`` (a public app) the prefix-cache counters are left out: polled
+    around one's own request they tell whether another visitor sent a prompt with the same beginning."""
+
+    def __init__(
+        self,
+        engine_provider: Callable[[], object | None],
+        model_name: Callable[[object], str],
+        expose_prefix_cache: bool = True,
+    ):
         self.engine_provider = engine_provider
         self.model_name = model_name
+        self.counters = {
+            key: value
+            for key, value in COUNTERS.items()
+            if expose_prefix_cache or key not in PREFIX_CACHE_COUNTERS
+        }
 
     def collect(self) -> Iterator[Metric]:
         engine = self.engine_provider()
@@ -124,7 +140,7 @@ class EngineCollector:
             family = GaugeMetricFamily(metric, doc, labels=["model_name"])
             family.add_metric([name], float(stats[key]))
             yield family
-        for key, (metric, doc) in COUNTERS.items():
+        for key, (metric, doc) in self.counters.items():
             family = CounterMetricFamily(metric, doc, labels=["model_name"])
             family.add_metric([name], float(stats[key]))
             yield family
@@ -140,7 +156,12 @@ class EngineCollector:
 class ServerMetrics:
     """One registry per app (tests run several apps in one process)."""
 
-    def __init__(self, engine_provider: Callable[[], object | None], model_name: Callable[[object], str]):
+    def __init__(
+        self,
+        engine_provider: Callable[[], object | None],
+        model_name: Callable[[object], str],
+        expose_prefix_cache: bool = True,
+    ):
         disable_created_metrics()  # like vLLM: no *_created series
         self.registry = CollectorRegistry()
         labels = ["model_name"]
@@ -193,7 +214,7 @@ class ServerMetrics:
             ["model_name", "finished_reason"],
             registry=r,
         )
-        r.register(EngineCollector(engine_provider, model_name))
+        r.register(EngineCollector(engine_provider, model_name, expose_prefix_cache))
         ProcessCollector(registry=r)
 
     def render(self) -> bytes:

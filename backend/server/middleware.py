@@ -21,16 +21,21 @@ async def send_error(send: Send, status: int, message: str, code: str, headers: 
 
 
 class ApiKeyMiddleware:
-    """Every HTTP path needs ``Authorization: Bearer <key>`` except /health and the public prefixes."""
+    """HTTP paths need ``Authorization: Bearer <key>``: every path but /health, or, with ``key_prefixes``,
+    only the paths under them (e.g. /v1 and /metrics beside a mounted UI)."""
 
-    def __init__(self, app: ASGIApp, api_key: str, public_prefixes: tuple[str, ...] = ()):
+    def __init__(self, app: ASGIApp, api_key: str, key_prefixes: tuple[str, ...] | None = None):
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
-        self.public_prefixes = public_prefixes
+        self.key_prefixes = key_prefixes
+
+    def needs_key(self, path: str) -> bool:
+        if self.key_prefixes is None:
+            return path != "/health"
+        return any(path == p or path.startswith(p.rstrip("/") + "/") for p in self.key_prefixes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "")
-        if scope["type"] != "http" or path == "/health" or path.startswith(self.public_prefixes or ("\0",)):
+        if scope["type"] != "http" or not self.needs_key(scope.get("path", "")):
             await self.app(scope, receive, send)
             return
         given = dict(scope.get("headers", [])).get(b"authorization", b"")
