@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -11,11 +10,9 @@ from typing import Any
 
 import gradio as gr
 
-from backend.engine.config import EngineConfig
 from backend.server.engine_holder import EngineHolder
-from ui import charts, load
+from ui import charts, launch_tab, load
 from ui.common import AppContext, describe, error_message, ms, percent, tok_s
-from ui.launch_tab import DEFAULT_KV_MIB, MIB
 
 DEFAULT_SYSTEM = "You are a helpful assistant. Answer briefly."
 STATS_MARK = (
@@ -47,13 +44,16 @@ def prompt_token_ids(engine: Any, system: str, history: list[dict[str, str]]) ->
 
 
 async def ensure_engine(ctx: AppContext) -> tuple[Any | None, str]:
-    """The running engine; launches the default model if none was launched; (None, why) on failure."""
+    """The serving engine (also while another loads); launches the default model if none was launched
+    (locally); (None, why) on failure."""
     holder = ctx.holder
+    if holder.get() is not None:
+        return holder.get(), ""
     if holder.status().state == "stopped":
         if ctx.policy.is_public:  # visitors do not control the engine; its owner launches it
             return None, "the engine is stopped; the owner of this app launches it (Launch tab, admin token)"
-        await asyncio.to_thread(_launch_default, holder, ctx.default_model)
-    while holder.status().state == "loading":
+        await asyncio.to_thread(launch_tab.launch_default, ctx)
+    while holder.status().state == "loading" and holder.get() is None:
         await asyncio.sleep(0.5)
     status = holder.status()
     if status.state == "failed":
@@ -64,11 +64,6 @@ async def ensure_engine(ctx: AppContext) -> tuple[Any | None, str]:
         if engine is not None
         else (None, "the engine is stopped; press Launch in the Launch tab")
     )
-
-
-def _launch_default(holder: EngineHolder, model: str) -> None:
-    with contextlib.suppress(RuntimeError):  # another tab started a launch first; the caller waits for it
-        holder.launch(EngineConfig(model=model, kv_cache_memory_bytes=DEFAULT_KV_MIB * MIB))
 
 
 def reply_stats(started: float, first_token: float | None, finished: float, tokens: int, reason: str) -> str:

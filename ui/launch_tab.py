@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html
+from collections.abc import Callable
 from dataclasses import Field, fields
 from pathlib import Path
 from typing import Any
@@ -59,12 +61,12 @@ def launch_config(form: dict[str, Any]) -> EngineConfig:
     return EngineConfig(model=model, **values)
 
 
-def engine_input(f: Field) -> gr.components.Component:
+def engine_input(f: Field, visible: bool = True) -> gr.components.Component:
     """The form input for one EngineConfig field, built from its type and metadata."""
     label, info = FORM_LABELS.get(f.name, f.name), f.metadata["help"]
     value = FORM_DEFAULTS.get(f.name, f.default)
     if cli_types()[f.name] is bool:
-        return gr.Checkbox(value, label=label, info=info)
+        return gr.Checkbox(value, label=label, info=info, visible=visible)
     if f.metadata["choices"]:
         return gr.Dropdown(list(f.metadata["choices"]), value=value, label=label, info=info)
     return gr.Number(value, label=label, info=info, precision=0)
@@ -93,9 +95,11 @@ def status_html(holder: EngineHolder) -> str:
     if status.state == "stopped":
         return "<div class='msg msg-info' id='engine-state' data-state='stopped'>Stopped: press Launch.</div>"
     if status.state == "loading":
+        serving = status.serving.model if status.serving else ""
+        keeps = f" ({html.escape(serving)} keeps serving until it is ready)" if serving else ""
         return (
             f"<div class='msg msg-info' id='engine-state' data-state='loading'>Loading {name} … "
-            f"{status.load_seconds:.0f} s</div>"
+            f"{status.load_seconds:.0f} s{keeps}</div>"
         )
     if status.state == "failed":
         return (
@@ -124,13 +128,26 @@ def status_html(holder: EngineHolder) -> str:
         ("Loaded in", f"{status.load_seconds:.1f} s"),
     ]
     body = "".join(f"<div class='kpi'><span>{k}</span><b>{html.escape(str(v))}</b></div>" for k, v in cells)
-    return f"<div id='engine-state' data-state='ready'><div class='kpis'>{body}</div></div>"
+    failed = (
+        error_message(f"The last launch failed ({status.error}); the engine below keeps serving.")
+        if status.error
+        else ""
+    )
+    return f"<div id='engine-state' data-state='ready'>{failed}<div class='kpis'>{body}</div></div>"
 
 
-def launch_engine(holder: EngineHolder, form: dict[str, Any], progress: Any = None) -> tuple[str, str]:
-    """(message, status). Loads in this thread; a bad form value or a failed load becomes the message."""
+def launch_engine(
+    holder: EngineHolder,
+    form: dict[str, Any],
+    progress: Any = None,
+    authorize: Callable[[EngineConfig], None] | None = None,
+) -> tuple[str, str]:
+    """(message, status). Loads in this thread; a bad form value, a refusal by ``authorize`` (public
+    mode) or a failed load becomes the message, and a failed load leaves the running engine serving."""
     try:
         config = launch_config(form)
+        if authorize is not None:
+            authorize(config)
     except ValueError as exc:
         return error_message(describe(exc)), status_html(holder)
     if progress is not None:
@@ -139,19 +156,43 @@ def launch_engine(holder: EngineHolder, form: dict[str, Any], progress: Any = No
         status = holder.launch(config)
     except RuntimeError as exc:  # another tab is loading
         return error_message(str(exc)), status_html(holder)
-    if status.state == "failed":
-        return error_message(f"Launch failed: {status.error}"), status_html(holder)
+    if status.error:
+        still = f"; {status.serving.model} keeps serving" if status.serving else ""
+        return error_message(f"Launch failed: {status.error}{still}"), status_html(holder)
     return ok_message(f"Engine ready in {status.load_seconds:.1f} s — open the Chat tab."), status_html(
         holder
     )
 
 
-def stop_engine(holder: EngineHolder) -> tuple[str, str]:
+def authorize_launch(ctx: AppContext, token: str | None, config: EngineConfig) -> None:
+    """Public mode: the admin token first (a visitor learns nothing about models), then no remote code,
+    a Hub id or the app's own model, and a download within the size cap."""
+    policy = ctx.policy
+    policy.check_admin(token)
+    policy.check_trust_remote_code(config.trust_remote_code)
+    policy.check_model_name(config.model, presets=(ctx.default_model,))
+    if policy.is_public and config.model != ctx.default_model:
+        policy.check_model_size(config.model)
+
+
+def stop_engine(holder: EngineHolder, authorize: Callable[[], None] | None = None) -> tuple[str, str]:
     try:
+        if authorize is not None:
+            authorize()
         holder.stop()
-    except RuntimeError as exc:
+    except (ValueError, RuntimeError) as exc:  # not allowed, or still loading
         return error_message(str(exc)), status_html(holder)
     return ok_message("Engine stopped; its memory is released."), status_html(holder)
+
+
+def default_config(model: str) -> EngineConfig:
+    """What the chat (locally) and a public app (at startup) launch: the app's model, a small KV pool."""
+    return EngineConfig(model=model, kv_cache_memory_bytes=DEFAULT_KV_MIB * MIB)
+
+
+def launch_default(ctx: AppContext) -> None:
+    with contextlib.suppress(RuntimeError):  # another tab started a launch first; the caller waits for it
+        ctx.holder.launch(default_config(ctx.default_model))
 
 
 def settings_from_plan(plan: dict[str, Any] | None) -> tuple:
@@ -189,7 +230,20 @@ def build(ctx: AppContext, demo: gr.Blocks, plan_state: gr.State) -> None:
                 with gr.Row():
                     inputs.update({f.name: engine_input(f) for f in knobs[row : row + 3]})
             with gr.Row():
-                inputs.update({f.name: engine_input(f) for f in engine_fields() if f not in knobs})
+                hidden = {"trust_remote_code"} if ctx.policy.is_public else set()  # refused there anyway
+                inputs.update(
+                    {
+                        f.name: engine_input(f, visible=f.name not in hidden)
+                        for f in engine_fields()
+                        if f not in knobs
+                    }
+                )
+            admin = gr.Textbox(
+                label="Admin token (PLAYGROUND_ADMIN_TOKEN): launch and stop need it on this public app",
+                type="password",
+                visible=ctx.policy.is_public,
+                elem_id="admin-token",
+            )
             with gr.Row():
                 from_plan = gr.Button("Copy settings from Plan")
                 launch = gr.Button("Launch", variant="primary", elem_id="launch-button")
@@ -201,17 +255,23 @@ def build(ctx: AppContext, demo: gr.Blocks, plan_state: gr.State) -> None:
             )
         with gr.Column(scale=3):
             status = gr.HTML(status_html(holder), elem_id="launch-status")
-            with gr.Accordion("External engines (vLLM, SGLang, llama.cpp)", open=False):
-                external.build(plan_state)
+            if not ctx.policy.is_public:  # starting other programs is for the machine's owner only
+                with gr.Accordion("External engines (vLLM, SGLang, llama.cpp)", open=False):
+                    external.build(plan_state)
 
     def on_launch(data: dict, progress: gr.Progress = gr.Progress(track_tqdm=True)) -> str:  # noqa: B008
         form = {name: data[component] for name, component in inputs.items()}
-        return launch_engine(holder, form, progress=progress)[0]  # the status refreshes right after
+        authorize = functools.partial(authorize_launch, ctx, data[admin])
+        # the status refreshes right after
+        return launch_engine(holder, form, progress=progress, authorize=authorize)[0]
 
-    launch.click(on_launch, set(inputs.values()), message, concurrency_limit=None).then(
-        lambda: status_html(holder), None, status
-    )
-    stop.click(lambda: stop_engine(holder), None, [message, status])
+    def on_stop(token: str | None) -> tuple[str, str]:
+        return stop_engine(holder, authorize=functools.partial(ctx.policy.check_admin, token))
+
+    launch.click(
+        on_launch, {*inputs.values(), admin}, message, concurrency_limit=None, api_name="launch"
+    ).then(lambda: status_html(holder), None, status)
+    stop.click(on_stop, admin, [message, status], api_name="stop")
     plan_fields = ["model", "dtype", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"]
     from_plan.click(
         settings_from_plan,

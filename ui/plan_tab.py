@@ -245,6 +245,7 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.State:
         tpot,
     ]
     outputs = [badge, kpis, memory, compare, recommendation, message, plan_state]
+
     def on_change(*values: Any) -> tuple:
         return estimate_plan(*values, ctx=ctx)
 

@@ -3,6 +3,13 @@
 EngineHolder owns the AsyncLLM: launch, stop and relaunch are serialised by a lock, a failed load is
 kept as an error message (the UI shows it and offers Launch again), and the live-chart history is
 sampled here once for all viewers.
+
+Invariant: a launch never takes down a serving engine before its replacement is ready. The old engine
+keeps serving while the new one loads; if the load fails (bad path, absurd KV budget, bad config) the
+old one simply goes on. On success the two are swapped at once and the old engine is retired in the
+background: it finishes the requests it holds (up to DRAIN_TIMEOUT_S), then shuts down. A request that
+still reaches it after that gets the engine's shut-down error, which the server answers with 503 and
+Retry-After.
 """
 
 from __future__ import annotations
@@ -20,14 +27,16 @@ if TYPE_CHECKING:
     from backend.engine import AsyncLLM
 
 HISTORY_SECONDS = 180  # live charts keep about three minutes of one-per-second samples
+DRAIN_TIMEOUT_S = 60.0  # a retired engine finishes its requests for at most this long, then aborts them
 
 
 @dataclass(slots=True)
 class EngineStatus:
-    state: str  # "stopped" | "loading" | "ready" | "failed"
-    config: EngineConfig | None
-    error: str
+    state: str  # "stopped" | "loading" | "ready" | "failed" (the last launch failed and nothing serves)
+    config: EngineConfig | None  # the serving engine's (while loading: the one being loaded)
+    error: str  # why the last launch failed ("" when it did not); with state "ready" the old engine serves
     load_seconds: float  # time spent loading (so far, while loading)
+    serving: EngineConfig | None = None  # the engine answering requests now, if any (also while loading)
 
 
 def build_engine(config: EngineConfig) -> AsyncLLM:
@@ -39,12 +48,18 @@ def build_engine(config: EngineConfig) -> AsyncLLM:
 class EngineHolder:
     """Launch / stop / relaunch the embedded engine safely from any thread."""
 
-    def __init__(self, engine_factory: Callable[[EngineConfig], AsyncLLM] = build_engine) -> None:
+    def __init__(
+        self,
+        engine_factory: Callable[[EngineConfig], AsyncLLM] = build_engine,
+        drain_timeout_s: float = DRAIN_TIMEOUT_S,
+    ) -> None:
         self._factory = engine_factory
+        self._drain_timeout_s = drain_timeout_s
         self._lock = threading.Lock()
         self._engine: AsyncLLM | None = None
         self._state = "stopped"
-        self._config: EngineConfig | None = None
+        self._config: EngineConfig | None = None  # the serving engine's
+        self._loading: EngineConfig | None = None  # the one being loaded
         self._error = ""
         self._load_started = 0.0
         self._load_seconds = 0.0
@@ -56,35 +71,42 @@ class EngineHolder:
         return self._engine
 
     def status(self) -> EngineStatus:
-        seconds = time.monotonic() - self._load_started if self._state == "loading" else self._load_seconds
-        return EngineStatus(self._state, self._config, self._error, seconds)
+        with self._lock:
+            engine, loading = self._engine, self._state == "loading"
+            seconds = time.monotonic() - self._load_started if loading else self._load_seconds
+            config = self._loading if loading else self._config
+            return EngineStatus(
+                self._state, config, self._error, seconds, self._config if engine is not None else None
+            )
 
     def launch(self, config: EngineConfig) -> EngineStatus:
-        """Stop the current engine (if any) and load a new one. Never raises for a failed load:
-        the error is kept in the status. Raises RuntimeError if another launch is still loading."""
+        """Load a new engine while the current one (if any) keeps serving, then swap them. Never raises for
+        a failed load: the error is kept in the status and the current engine goes on serving. Raises
+        RuntimeError if another launch is still loading."""
         with self._lock:
             if self._state == "loading":
                 raise RuntimeError("another launch is still loading; wait for it to finish")
-            old, self._engine = self._engine, None
-            self._state, self._config, self._error = "loading", config, ""
+            self._state, self._loading, self._error = "loading", config, ""
             self._load_started = time.monotonic()
-            self._samples.clear()
-            self._last_stats = None
-        if old is not None:
-            old.shutdown()
         try:
             engine = self._factory(config)
         except Exception as exc:  # any load failure (bad path, OOM, unsupported model) is shown, not raised
             with self._lock:
-                self._state, self._error = "failed", f"{type(exc).__name__}: {exc}"
+                self._state = "ready" if self._engine is not None else "failed"
+                self._error, self._loading = f"{type(exc).__name__}: {exc}", None
                 self._load_seconds = time.monotonic() - self._load_started
             return self.status()
         with self._lock:
-            self._engine, self._state = engine, "ready"
-            self._load_seconds = time.monotonic() - self._load_started
+            old, self._engine, self._config, self._loading = self._engine, engine, config, None
+            self._state, self._load_seconds = "ready", time.monotonic() - self._load_started
+            self._samples.clear()
+            self._last_stats = None
+        if old is not None:
+            threading.Thread(target=retire, args=(old, self._drain_timeout_s), daemon=True).start()
         return self.status()
 
     def stop(self) -> EngineStatus:
+        """Stop serving now: requests in flight end with finish_reason "abort"."""
         with self._lock:
             if self._state == "loading":
                 raise RuntimeError("the engine is still loading; stop it once it is ready")
@@ -126,3 +148,18 @@ class EngineHolder:
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.shutdown()
+
+
+def retire(engine: AsyncLLM, drain_timeout_s: float, poll_s: float = 0.1) -> None:
+    """Let a replaced engine finish the requests it holds (new ones already go to its successor), then
+    shut it down; whatever is left after drain_timeout_s ends with finish_reason "abort"."""
+    deadline = time.monotonic() + drain_timeout_s
+    while time.monotonic() < deadline:
+        try:
+            stats = engine.stats()
+        except Exception:  # the engine died while draining: nothing left to wait for
+            break
+        if stats["num_requests_running"] + stats["num_requests_waiting"] == 0:
+            break
+        time.sleep(poll_s)
+    engine.shutdown()
