@@ -144,9 +144,11 @@ class PublicPolicy:
             )
         return size
 
-    def limit(self, value: int, maximum: int, name: str, variable: str) -> int:
-        """value, or Forbidden when it exceeds a public-mode maximum."""
+    def limit(self, value: int, knob: str, name: str) -> int:
+        """value, or Forbidden naming ``name`` when it exceeds the public-mode maximum ``knob`` (a field)."""
+        maximum = getattr(self, knob)
         if self.is_public and value > maximum:
+            variable = next(f.metadata["env"] for f in fields(self) if f.name == knob)
             raise Forbidden(f"{name} must be at most {maximum} on this public app ({variable}), got {value}")
         return value
 

@@ -119,6 +119,7 @@ def test_model_size_check_fails_closed_on_the_mocked_hub():
 
 
 def test_limits_apply_in_public_mode_only():
-    assert PublicPolicy().limit(10_000, 64, "number of requests", "VAR") == 10_000
-    with pytest.raises(Forbidden, match=r"number of requests must be at most 64 .*PLAYGROUND_X.*got 65"):
-        PUBLIC.limit(65, 64, "number of requests", "PLAYGROUND_X")
+    assert PublicPolicy().limit(10_000, "max_bench_requests", "number of requests") == 10_000
+    pattern = r"number of requests must be at most 64 .*PLAYGROUND_MAX_BENCH_REQUESTS.*got 65"
+    with pytest.raises(Forbidden, match=pattern):
+        PUBLIC.limit(65, "max_bench_requests", "number of requests")

@@ -43,39 +43,23 @@ def bench_config(
             raise ValueError("model is required for an external server (the name its /v1/models lists)")
         model = model.strip()
     ctx.guard.check(base_url)  # a refused URL is a message here, before any request
-    policy = ctx.policy
     return BenchConfig(
         base_url=base_url,
         model=model,
         dataset="random",
-        num_prompts=policy.limit(
-            required_int(num_prompts, "number of requests"),
-            policy.max_bench_requests,
-            "number of requests",
-            "PLAYGROUND_MAX_BENCH_REQUESTS",
-        ),
-        input_len=policy.limit(
-            required_int(input_len, "input length (tokens)"),
-            policy.max_input_tokens,
-            "input length (tokens)",
-            "PLAYGROUND_MAX_INPUT_TOKENS",
-        ),
-        output_len=policy.limit(
-            required_int(output_len, "output length (tokens)"),
-            policy.max_tokens,
-            "output length (tokens)",
-            "PLAYGROUND_MAX_TOKENS",
-        ),
-        max_concurrency=policy.limit(
-            required_int(concurrency, "max concurrency"),
-            policy.max_concurrency,
-            "max concurrency",
-            "PLAYGROUND_MAX_CONCURRENCY",
-        ),
+        num_prompts=limited(ctx, num_prompts, "number of requests", "max_bench_requests"),
+        input_len=limited(ctx, input_len, "input length (tokens)", "max_input_tokens"),
+        output_len=limited(ctx, output_len, "output length (tokens)", "max_tokens"),
+        max_concurrency=limited(ctx, concurrency, "max concurrency", "max_concurrency"),
         ignore_eos=True,
         api_key=ctx.key_for(base_url),
         timeout_s=REQUEST_TIMEOUT_S,
     )
+
+
+def limited(ctx: AppContext, value: Any, name: str, knob: str) -> int:
+    """A whole number >= 1 within the public policy's ``knob`` limit; ValueError naming the field."""
+    return ctx.policy.limit(required_int(value, name), knob, name)
 
 
 def check_reachable(ctx: AppContext, config: Any) -> None:

@@ -87,7 +87,7 @@ async def chat(ctx: AppContext, text: str, shown: list, system: str, *controls: 
         return
     try:
         params = sampling_params(*controls)
-        ctx.policy.limit(params.max_tokens, ctx.policy.max_tokens, "max tokens", "PLAYGROUND_MAX_TOKENS")
+        ctx.policy.limit(params.max_tokens, "max_tokens", "max tokens")
     except ValueError as exc:
         yield gr.skip(), gr.skip(), gr.skip(), error_message(describe(exc)), gr.skip()
         return

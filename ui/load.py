@@ -58,8 +58,8 @@ async def fire_load(ctx: AppContext, num_requests: Any, max_tokens: Any) -> Asyn
         tokens = required_int(max_tokens, "max tokens per request")
         if n > MAX_LOAD_REQUESTS:
             raise ValueError(f"number of requests must be at most {MAX_LOAD_REQUESTS}, got {n}")
-        policy.limit(n, policy.max_load_requests, "number of requests", "PLAYGROUND_MAX_LOAD_REQUESTS")
-        policy.limit(tokens, policy.max_tokens, "max tokens per request", "PLAYGROUND_MAX_TOKENS")
+        policy.limit(n, "max_load_requests", "number of requests")
+        policy.limit(tokens, "max_tokens", "max tokens per request")
     except ValueError as exc:
         yield error_message(describe(exc))
         return
