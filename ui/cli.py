@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 
-DEFAULT_KEY_VARIABLE = "PLAYGROUND_API_KEY"
-
 from backend.cli_args import port_number
+
+DEFAULT_KEY_VARIABLE = "PLAYGROUND_API_KEY"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
