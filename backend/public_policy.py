@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from backend.errors import UserError
+
 # A Space's runtime sets these (https://huggingface.co/docs/hub/spaces-overview#helper-environment-variables)
 SPACE_VARIABLES = ("SPACE_ID", "SPACE_HOST", "SPACE_REPO_NAME")
 # Hub ids as huggingface_hub validates them: [org/]name of letters, digits, "-", "_", "."; no "--" or "..".
@@ -27,7 +29,7 @@ GB = 10**9
 DEFAULT_MAX_MODEL_GB = 3.0
 
 
-class Forbidden(ValueError):
+class Forbidden(UserError):
     """A visitor asked for something public mode does not allow; the message says what is allowed."""
 
 

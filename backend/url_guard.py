@@ -18,12 +18,14 @@ from dataclasses import dataclass
 
 import httpx
 
+from backend.errors import UserError
+
 DEFAULT_PORTS = {"http": 80, "https": 443}
 NAT64 = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052: the well-known prefix wraps an IPv4 address
 OWN_PATHS = ("/metrics", "/v1")
 
 
-class UnsafeURLError(ValueError):
+class UnsafeURLError(UserError):
     """A URL public mode does not fetch; the message says why and what is allowed."""
 
 
