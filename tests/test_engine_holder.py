@@ -12,8 +12,8 @@ import pytest
 from backend.engine import SamplingParams
 from backend.engine.config import EngineConfig
 from backend.server.engine_holder import EngineHolder, build_engine
-from tests.test_engine_support import tiny_model
-from tests.test_server_support import wait_until
+from tests.engine_utils import tiny_model
+from tests.server_utils import wait_until
 from ui import launch_tab
 
 MIB = 1024**2

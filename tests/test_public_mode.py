@@ -20,9 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ROOT, free_port
+from tests.common_utils import ROOT, free_port
+from tests.engine_utils import tiny_model
 from tests.security_utils import NON_PUBLIC_URLS, Canary, loopback_spellings
-from tests.test_engine_support import tiny_model
 
 pytestmark = pytest.mark.slow
 ADMIN = "owner-admin-token"
