@@ -124,7 +124,8 @@ def decode_rate(generate_one, tokens: int, repeats: int = 5) -> float:
     """Batch-1 decode tokens/s: (time for N tokens - time for 1 token) / (N - 1), medians of interleaved
     runs (robust to a noisy, shared machine)."""
     generate_one(tokens)  # warm-up
-    many, one = [], []
+    many: list[float] = []
+    one: list[float] = []
     for _ in range(repeats):
         for n, times in ((tokens, many), (1, one)):
             start = time.perf_counter()

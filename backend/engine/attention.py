@@ -76,8 +76,10 @@ def paged_attention(
     b = meta.num_decodes
     if b and meta.decode_block_tables is not None:
         tables, lens = meta.decode_block_tables, meta.decode_context_lens
+        assert lens is not None, "the runner sets block tables and context lengths together"
         cpu_kernels.paged_decode_attention(q[:b], k_cache, v_cache, tables, lens, scale, out)
     elif b:
+        assert meta.gather_buffers is not None and meta.decode_rows is not None, "set by prepare_decode"
         k_buffer, v_buffer = meta.gather_buffers
         shape = (num_kv_heads, b, -1, head_dim)
         keys = gather_blocks(k_cache, meta.decode_rows, k_buffer).view(shape).transpose(0, 1)
@@ -94,6 +96,7 @@ def paged_attention(
             keys = k[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
             values = v[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
         else:
+            assert meta.gather_buffers is not None and chunk.block_rows is not None, "set by prepare_prefill"
             k_buffer, v_buffer = meta.gather_buffers
             total = chunk.mask.shape[1]
             keys = gather_blocks(k_cache, chunk.block_rows, k_buffer)[:, :total].unsqueeze(0)

@@ -83,7 +83,12 @@ class BlockManager:
             h = hash_block_tokens(parent_hash, tokens)
             block_id = self.hash_to_block.get(h)
             cached = None if block_id is None else self.cached[block_id]
-            if cached is None or cached.token_ids != tokens or cached.parent_serial != parent_serial:
+            if (
+                block_id is None
+                or cached is None
+                or cached.token_ids != tokens
+                or cached.parent_serial != parent_serial
+            ):
                 break  # a miss, or a hash collision: never reuse KV computed for other tokens
             self._take(block_id)
             seq.block_table.append(block_id)

@@ -43,7 +43,7 @@ def fault_injector_from_env(tokenizer: Any) -> FaultInjector | None:
     value = os.environ.get(ENV_VAR, "")
     if not value:
         return None
-    faults = [tuple(item.partition(":")[::2]) for item in value.split(",")]
+    faults = [(phase, marker) for phase, _, marker in (item.partition(":") for item in value.split(","))]
     if not all(phase in PHASES and marker for phase, marker in faults):
         raise ValueError(f"{ENV_VAR} must be '<phase>:<marker>,...' with phase in {PHASES}, got {value!r}")
     log.warning("TEST-ONLY fault injection is on (%s=%s)", ENV_VAR, value)

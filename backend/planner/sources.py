@@ -54,9 +54,10 @@ def _spec_from_safetensors(config: dict, name: str, source: str, metadata) -> Mo
             start, end = info.data_offsets
             total_bytes += end - start
             params[param_kind(tensor_name)] += math.prod(info.shape)
-    if config.get("quantization_config"):  # packed int formats make element counts meaningless
-        params = None
-    return spec_from_config(config, name, source, params=params, weights_bytes=total_bytes)
+    packed = bool(config.get("quantization_config"))  # packed int formats make element counts meaningless
+    return spec_from_config(
+        config, name, source, params=None if packed else params, weights_bytes=total_bytes
+    )
 
 
 def _local_folder_spec(folder: Path) -> ModelSpec:
@@ -130,6 +131,7 @@ def _gguf_spec_cached(file: str, mtime_ns: int, size: int) -> ModelSpec:
 @cache
 def _preset_spec(hub_id: str) -> ModelSpec:
     doc = preset_document(hub_id)
+    assert doc is not None, "only called for ids _find_preset found"
     config = doc["config"]
     spec = spec_from_config(config, doc["hub_id"], f"preset:presets/models ({doc['params_source']})")
     if spec.params_total != doc["params_total"]:

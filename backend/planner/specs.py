@@ -101,6 +101,7 @@ def _attention_params(c: dict, hidden: int, heads: int, kv_heads: int, head_dim:
 def _moe_params(c: dict, hidden: int) -> tuple[int, int]:
     """(routed expert weights, router + shared experts) of one MoE layer."""
     experts = c.get("num_local_experts") or c.get("n_routed_experts") or c.get("num_experts")
+    assert experts, "only called for MoE layers (_is_moe_layer), whose config names the expert count"
     inter = c.get("moe_intermediate_size") or c["intermediate_size"]
     routed = experts * 3 * hidden * inter
     other = experts * hidden  # router

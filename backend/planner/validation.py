@@ -58,7 +58,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
 
     def kv_within(self, tolerance: float) -> bool | None:
-        if self.kv_error is None:
+        if self.kv_error is None or self.kv_error_gib is None:
             return None
         small = self.run.logged["kv_cache_gib"] < SMALL_POOL_GIB
         if small and abs(self.kv_error_gib) <= SMALL_POOL_ALLOWANCE_GIB:
@@ -119,7 +119,8 @@ def check_run(run: LoggedRun) -> RunResult:
 def summarize(results: list[RunResult]) -> Summary:
     counted = [r for r in results if not r.run.excluded]
     kv = [r for r in counted if r.kv_error is not None]
-    weights = [r for r in counted if r.weights_error is not None]
+    kv_errors = [abs(r.kv_error) for r in kv if r.kv_error is not None]
+    weights_errors = [abs(r.weights_error) for r in counted if r.weights_error is not None]
     return Summary(
         counted=len(counted),
         kv_compared=len(kv),
@@ -127,9 +128,9 @@ def summarize(results: list[RunResult]) -> Summary:
         kv_within_10=sum(bool(r.kv_within(KV_TOLERANCE_ALL)) for r in kv),
         verdicts=len(counted),
         verdicts_right=sum(r.verdict_right for r in counted),
-        weights_compared=len(weights),
-        weights_within_2=sum(abs(r.weights_error) <= WEIGHTS_TOLERANCE for r in weights),
-        median_kv_error=statistics.median(abs(r.kv_error) for r in kv) if kv else 0.0,
+        weights_compared=len(weights_errors),
+        weights_within_2=sum(error <= WEIGHTS_TOLERANCE for error in weights_errors),
+        median_kv_error=statistics.median(kv_errors) if kv_errors else 0.0,
     )
 
 
