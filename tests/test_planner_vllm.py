@@ -21,7 +21,7 @@ from backend.planner.validation import (
     load_runs,
     summarize,
 )
-from backend.planner.vllm_rules import VLLM_TARGET_VERSION, scheduler_limits
+from backend.planner.vllm_rules import VLLM_TARGET_VERSION, parse_version, scheduler_limits
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = load_runs()
@@ -29,7 +29,10 @@ RUNS = load_runs()
 
 def test_the_log_collection_is_varied_and_sourced():
     counted = [r for r in RUNS if not r.excluded]
-    assert len(RUNS) >= 20 and len(counted) >= 19
+    assert len(RUNS) >= 30 and len(counted) >= 28
+    assert all(r.source.startswith("https://") for r in counted if r.id.startswith("llmd-"))
+    mla_v1 = [r for r in counted if "DeepSeek" in r.model and parse_version(r.vllm_version) >= (0, 8, 0)]
+    assert mla_v1 and any(r.settings.get("pp", 1) > 1 for r in mla_v1)  # MLA on the V1 engine, with PP
     assert all(r.source and r.vllm_version and r.logged.get("starts") is not None for r in RUNS)
     assert len({r.gpu for r in counted}) >= 8
     assert {r.settings.get("num_gpus", 1) for r in RUNS} >= {1, 2, 4, 8}
