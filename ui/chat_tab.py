@@ -10,7 +10,7 @@ from typing import Any
 
 import gradio as gr
 
-from backend.server.engine_holder import EngineHolder
+from backend.server.engine_holder import EngineHolder, EngineState
 from ui import charts, launch_tab, load
 from ui.common import AppContext, describe, error_message, ms, percent, tok_s
 
@@ -49,14 +49,14 @@ async def ensure_engine(ctx: AppContext) -> tuple[Any | None, str]:
     holder = ctx.holder
     if holder.get() is not None:
         return holder.get(), ""
-    if holder.status().state == "stopped":
+    if holder.status().state == EngineState.STOPPED:
         if ctx.policy.is_public:  # visitors do not control the engine; its owner launches it
             return None, "the engine is stopped; the owner of this app launches it (Launch tab, admin token)"
         await asyncio.to_thread(launch_tab.launch_default, ctx)
-    while holder.status().state == "loading" and holder.get() is None:
+    while holder.status().state == EngineState.LOADING and holder.get() is None:
         await asyncio.sleep(0.5)
     status = holder.status()
-    if status.state == "failed":
+    if status.state == EngineState.FAILED:
         return None, f"the engine failed to load ({status.error}); fix it in the Launch tab"
     engine = holder.get()
     return (

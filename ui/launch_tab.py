@@ -13,7 +13,7 @@ from typing import Any
 import gradio as gr
 
 from backend.engine.config import EngineConfig, cli_types, config_field
-from backend.server.engine_holder import EngineHolder
+from backend.server.engine_holder import EngineHolder, EngineState
 from ui import external
 from ui.common import (
     AppContext,
@@ -92,16 +92,16 @@ def kib(nbytes: float | None) -> str:
 def status_html(holder: EngineHolder) -> str:
     status = holder.status()
     name = html.escape(status.config.model if status.config else "")
-    if status.state == "stopped":
+    if status.state == EngineState.STOPPED:
         return "<div class='msg msg-info' id='engine-state' data-state='stopped'>Stopped: press Launch.</div>"
-    if status.state == "loading":
+    if status.state == EngineState.LOADING:
         serving = status.serving.model if status.serving else ""
         keeps = f" ({html.escape(serving)} keeps serving until it is ready)" if serving else ""
         return (
             f"<div class='msg msg-info' id='engine-state' data-state='loading'>Loading {name} … "
             f"{status.load_seconds:.0f} s{keeps}</div>"
         )
-    if status.state == "failed":
+    if status.state == EngineState.FAILED:
         return (
             f"<div class='msg msg-error' id='engine-state' data-state='failed'>Load failed: "
             f"{html.escape(status.error)}<br>Fix the settings and press Launch again.</div>"

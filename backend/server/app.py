@@ -7,12 +7,11 @@ launch, stop and relaunch it under a running server; while it returns None the A
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from backend.server.engine_provider import EngineProvider
 from backend.server.errors import install_error_handlers
 from backend.server.metrics import ServerMetrics
 from backend.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
@@ -22,7 +21,7 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
 def build_app(
-    engine_provider: Callable[[], object | None],
+    engine_provider: EngineProvider,
     served_model_name: str | None = None,
     api_key: str | None = None,
     max_waiting_requests: int = 256,

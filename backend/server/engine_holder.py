@@ -19,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from backend.engine.config import EngineConfig
@@ -30,9 +31,16 @@ HISTORY_SECONDS = 180  # live charts keep about three minutes of one-per-second 
 DRAIN_TIMEOUT_S = 60.0  # a retired engine finishes its requests for at most this long, then aborts them
 
 
+class EngineState(StrEnum):
+    STOPPED = "stopped"
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"  # the last launch failed and nothing serves
+
+
 @dataclass(slots=True)
 class EngineStatus:
-    state: str  # "stopped" | "loading" | "ready" | "failed" (the last launch failed and nothing serves)
+    state: EngineState
     config: EngineConfig | None  # the serving engine's (while loading: the one being loaded)
     error: str  # why the last launch failed ("" when it did not); with state "ready" the old engine serves
     load_seconds: float  # time spent loading (so far, while loading)
@@ -57,7 +65,7 @@ class EngineHolder:
         self._drain_timeout_s = drain_timeout_s
         self._lock = threading.Lock()
         self._engine: AsyncLLM | None = None
-        self._state = "stopped"
+        self._state = EngineState.STOPPED
         self._config: EngineConfig | None = None  # the serving engine's
         self._loading: EngineConfig | None = None  # the one being loaded
         self._error = ""
@@ -72,7 +80,7 @@ class EngineHolder:
 
     def status(self) -> EngineStatus:
         with self._lock:
-            engine, loading = self._engine, self._state == "loading"
+            engine, loading = self._engine, self._state == EngineState.LOADING
             seconds = time.monotonic() - self._load_started if loading else self._load_seconds
             config = self._loading if loading else self._config
             return EngineStatus(
@@ -84,21 +92,21 @@ class EngineHolder:
         a failed load: the error is kept in the status and the current engine goes on serving. Raises
         RuntimeError if another launch is still loading."""
         with self._lock:
-            if self._state == "loading":
+            if self._state == EngineState.LOADING:
                 raise RuntimeError("another launch is still loading; wait for it to finish")
-            self._state, self._loading, self._error = "loading", config, ""
+            self._state, self._loading, self._error = EngineState.LOADING, config, ""
             self._load_started = time.monotonic()
         try:
             engine = self._factory(config)
         except Exception as exc:  # any load failure (bad path, OOM, unsupported model) is shown, not raised
             with self._lock:
-                self._state = "ready" if self._engine is not None else "failed"
+                self._state = EngineState.READY if self._engine is not None else EngineState.FAILED
                 self._error, self._loading = f"{type(exc).__name__}: {exc}", None
                 self._load_seconds = time.monotonic() - self._load_started
             return self.status()
         with self._lock:
             old, self._engine, self._config, self._loading = self._engine, engine, config, None
-            self._state, self._load_seconds = "ready", time.monotonic() - self._load_started
+            self._state, self._load_seconds = EngineState.READY, time.monotonic() - self._load_started
             self._samples.clear()
             self._last_stats = None
         if old is not None:
@@ -108,10 +116,10 @@ class EngineHolder:
     def stop(self) -> EngineStatus:
         """Stop serving now: requests in flight end with finish_reason "abort"."""
         with self._lock:
-            if self._state == "loading":
+            if self._state == EngineState.LOADING:
                 raise RuntimeError("the engine is still loading; stop it once it is ready")
             old, self._engine = self._engine, None
-            self._state, self._error = "stopped", ""
+            self._state, self._error = EngineState.STOPPED, ""
         if old is not None:
             old.shutdown()
         return self.status()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CollectorRegistry,
@@ -19,6 +20,11 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from backend.server.engine_provider import EngineProvider
+
+if TYPE_CHECKING:
+    from backend.engine.async_llm import AsyncLLM
 
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py)
 TTFT_BUCKETS = (
@@ -118,8 +124,8 @@ class EngineCollector:
 
     def __init__(
         self,
-        engine_provider: Callable[[], object | None],
-        model_name: Callable[[object], str],
+        engine_provider: EngineProvider,
+        model_name: Callable[[AsyncLLM], str],
         expose_prefix_cache: bool = True,
     ):
         self.engine_provider = engine_provider
@@ -158,8 +164,8 @@ class ServerMetrics:
 
     def __init__(
         self,
-        engine_provider: Callable[[], object | None],
-        model_name: Callable[[object], str],
+        engine_provider: EngineProvider,
+        model_name: Callable[[AsyncLLM], str],
         expose_prefix_cache: bool = True,
     ):
         disable_created_metrics()  # like vLLM: no *_created series

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from backend.engine.exceptions import EngineDeadError, EngineGenerateError, EngineOverloadedError
+from backend.server.engine_provider import EngineProvider
 from backend.server.errors import OpenAIError, error_body
 from backend.server.metrics import ServerMetrics
 from backend.server.protocol import (
@@ -29,15 +31,18 @@ from backend.server.protocol import (
 )
 from backend.server.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
 
+if TYPE_CHECKING:
+    from backend.engine.async_llm import AsyncLLM
+
 
 @dataclass(slots=True)
 class ServingContext:
-    engine_provider: Callable[[], object | None]
+    engine_provider: EngineProvider
     served_model_name: str | None
     max_waiting_requests: int
     metrics: ServerMetrics
 
-    def model_name(self, engine) -> str:
+    def model_name(self, engine: AsyncLLM) -> str:
         return self.served_model_name or engine.model_name
 
     def engine(self, requested_model: str | None = None):
