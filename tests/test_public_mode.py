@@ -129,6 +129,14 @@ def test_v1_and_metrics_need_the_key_the_ui_and_health_do_not(app):
     assert httpx.get(f"{app.url}/health").status_code == 200 and httpx.get(f"{app.url}/").status_code == 200
 
 
+def test_the_api_caps_max_tokens_like_the_ui(app):
+    too_many = app.chat_completion(max_tokens=MAX_TOKENS + 1)
+    assert too_many.status_code == 400 and f"at most {MAX_TOKENS}" in too_many.json()["error"]["message"]
+    body = {"messages": [{"role": "user", "content": "hi"}], "ignore_eos": True}  # no max_tokens: capped
+    capped = httpx.post(f"{app.url}/v1/chat/completions", json=body, headers=AUTH, timeout=120).json()
+    assert capped["usage"]["completion_tokens"] == MAX_TOKENS
+
+
 def test_engine_control_without_the_admin_token_is_refused(app):
     for token in ("", "wrong-token"):
         assert "admin token" in app.launch(token, model="/etc")  # the token is checked before the model

@@ -91,6 +91,7 @@ def build_server(ctx: AppContext) -> FastAPI:
         api_key=ctx.api_key,
         key_prefixes=("/v1", "/metrics"),
         expose_prefix_cache=not ctx.policy.is_public,
+        max_tokens_limit=ctx.policy.max_tokens if ctx.policy.is_public else None,
     )
     return gr.mount_gradio_app(app, build_demo(ctx), path="/", theme=THEME, css=CSS, footer_links=["api"])
 

@@ -28,6 +28,7 @@ def build_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     key_prefixes: tuple[str, ...] | None = None,
     expose_prefix_cache: bool = True,
+    max_tokens_limit: int | None = None,
 ) -> FastAPI:
     """The OpenAI-compatible app over ``engine_provider()`` (an AsyncLLM, or None while none runs).
 
@@ -35,13 +36,14 @@ def build_app(
     e.g. ("/v1", "/metrics") beside a mounted UI) needs ``Authorization: Bearer <api_key>``. Bodies
     over ``max_body_bytes`` get 413; requests arriving while ``max_waiting_requests`` wait in the engine
     get 503 with Retry-After. Without ``expose_prefix_cache`` (a public app) /metrics leaves out the
-    prefix-cache hit counters.
+    prefix-cache hit counters. With ``max_tokens_limit`` (a public app) a request may ask for at most
+    that many output tokens (400 above it; an unset max_tokens is capped to it).
     """
     if max_waiting_requests < 0:
         raise ValueError(f"max_waiting_requests must be >= 0, got {max_waiting_requests}")
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
-    ctx = ServingContext(engine_provider, served_model_name, max_waiting_requests, None)
+    ctx = ServingContext(engine_provider, served_model_name, max_waiting_requests, None, max_tokens_limit)
     ctx.metrics = ServerMetrics(engine_provider, ctx.model_name, expose_prefix_cache)
 
     app = FastAPI(title="LLM serving playground: OpenAI-compatible API", docs_url=None, redoc_url=None)

@@ -83,9 +83,12 @@ class EngineHolder:
             engine, loading = self._engine, self._state == EngineState.LOADING
             seconds = time.monotonic() - self._load_started if loading else self._load_seconds
             config = self._loading if loading else self._config
-            return EngineStatus(
-                self._state, config, self._error, seconds, self._config if engine is not None else None
-            )
+            state, error = self._state, self._error
+            if engine is not None and engine.errored and not loading:  # its stepping thread has stopped
+                state = EngineState.FAILED
+                error = "the engine stopped after an internal error; launch it again"
+            serving = self._config if engine is not None and not engine.errored else None
+            return EngineStatus(state, config, error, seconds, serving)
 
     def launch(self, config: EngineConfig) -> EngineStatus:
         """Load a new engine while the current one (if any) keeps serving, then swap them. Never raises for

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request
@@ -41,6 +41,21 @@ class ServingContext:
     served_model_name: str | None
     max_waiting_requests: int
     metrics: ServerMetrics
+    max_tokens_limit: int | None = None  # a public app's cap on one request's output tokens
+
+    def limit_max_tokens(self, requested: int | None, params):
+        """Within max_tokens_limit: a larger explicit max_tokens is a 400; an unset one is capped."""
+        limit = self.max_tokens_limit
+        if limit is None or params.max_tokens <= limit:
+            return params
+        if requested is not None:
+            raise OpenAIError(
+                400,
+                f"max_tokens must be at most {limit} on this public server, got {requested}",
+                "invalid_value",
+                "max_tokens",
+            )
+        return replace(params, max_tokens=limit)
 
     def model_name(self, engine: AsyncLLM) -> str:
         return self.served_model_name or engine.model_name
@@ -215,6 +230,7 @@ def openai_router(ctx: ServingContext) -> APIRouter:
         else:  # a long prompt takes a while: tokenize off the event loop
             ids = await engine.run_in_tokenizer(encode, engine.tokenizer, prompt)
         params = sampling_params(req, len(ids), engine.max_model_len, req.logprobs)
+        params = ctx.limit_max_tokens(req.max_tokens, params)
         formatter = CompletionFormatter(ctx.model_name(engine), engine.tokenizer, req.logprobs)
         return await run_job(request, ctx.admit(engine, ids, params, formatter, _usage(req)), req.stream)
 
@@ -225,6 +241,7 @@ def openai_router(ctx: ServingContext) -> APIRouter:
         ids = await engine.run_in_tokenizer(chat_prompt_ids, engine.tokenizer, req)
         top = (req.top_logprobs or 0) if req.logprobs else None
         params = sampling_params(req, len(ids), engine.max_model_len, top)
+        params = ctx.limit_max_tokens(req.max_completion_tokens or req.max_tokens, params)
         formatter = ChatFormatter(ctx.model_name(engine), engine.tokenizer, top)
         return await run_job(request, ctx.admit(engine, ids, params, formatter, _usage(req)), req.stream)
 
