@@ -33,7 +33,7 @@ class Forbidden(UserError):
     """A visitor asked for something public mode does not allow; the message says what is allowed."""
 
 
-def _env_number(environ: Mapping[str, str], name: str, default: float, kind: type) -> float:
+def _env_number(environ: Mapping[str, str], name: str, default: Any, kind: type) -> Any:
     """A positive number from the environment (int or float as the field is), default when unset."""
     text = environ.get(name, "").strip()
     if not text:
@@ -75,7 +75,7 @@ class PublicPolicy:
         if not (public or forced or on_space):
             return cls()
         urls = tuple(u.strip() for u in env.get("PLAYGROUND_ALLOWED_URLS", "").split(",") if u.strip())
-        limits = {
+        limits: dict[str, Any] = {
             f.name: _env_number(env, f.metadata["env"], f.default, type(f.default))
             for f in fields(cls)
             if "env" in f.metadata
@@ -131,10 +131,8 @@ class PublicPolicy:
     def check_model_size(self, repo_id: str, model_info: Callable[..., Any] | None = None) -> int:
         """The download size of a Hub model (the files the loader fetches), read from the Hub's metadata
         before anything is downloaded; Forbidden above max_model_bytes. Returns the size in bytes."""
-        if model_info is None:
-            from huggingface_hub import model_info
         try:
-            info = model_info(repo_id, files_metadata=True, timeout=10)
+            info = (model_info or hub_model_info)(repo_id, files_metadata=True, timeout=10)
         except Exception as exc:  # offline, no such repo, gated: the launch cannot go on either way
             reason = type(exc).__name__
             raise ValueError(f"cannot read {repo_id}'s file sizes from the Hub ({reason})") from None
@@ -153,6 +151,12 @@ class PublicPolicy:
             variable = next(f.metadata["env"] for f in fields(self) if f.name == knob)
             raise Forbidden(f"{name} must be at most {maximum} on this public app ({variable}), got {value}")
         return value
+
+
+def hub_model_info(repo_id: str, **kwargs: Any) -> Any:
+    from huggingface_hub import model_info  # the Hub client loads only when a public launch needs it
+
+    return model_info(repo_id, **kwargs)
 
 
 def download_bytes(siblings: list[Any]) -> int:
