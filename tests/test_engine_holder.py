@@ -120,3 +120,19 @@ def test_the_old_engine_serves_while_the_new_one_loads_and_finishes_its_requests
     wait_until(lambda: old.stats()["num_requests_running"] == 0, what="the old engine drained")
     assert generate(holder.get(), 2).outputs[0].finish_reason == "length"
     holder.shutdown()
+
+
+class DeadEngineStub:
+    """Stands in for an AsyncLLM whose stepping thread has stopped (AsyncLLM.errored)."""
+
+    errored = True
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_a_held_engine_that_died_shows_as_failed_not_ready(tiny):
+    holder = EngineHolder(engine_factory=lambda cfg: DeadEngineStub())
+    status = holder.launch(config(tiny))
+    assert status.state == "failed" and "internal error" in status.error and status.serving is None
+    assert "data-state='failed'" in launch_tab.status_html(holder)
