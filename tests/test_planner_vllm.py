@@ -165,3 +165,28 @@ def test_a_plan_that_does_not_start_reports_the_concurrency_after_the_first_fix(
     )
     line = next(x for x in out.stdout.splitlines() if x.startswith("max concurrency"))
     assert "does not start" in line and f"{est.max_concurrency_after_fix} x" in line and " 0 x" not in line
+
+
+def test_pipeline_stages_split_layers_like_vllm_and_only_the_last_one_samples():
+    """vllm#20665: DeepSeek-V2-Lite, TP 2 x PP 2 on L4s; stage 0 (14 layers, no sampler) logs 12.13 GiB and
+    sets the 807,792 KV tokens, stage 1 (13 layers) runs the sampler and logs less (11.33 GiB)."""
+    from backend.planner.memory import pp_stage_layers
+
+    assert pp_stage_layers(27, 2) == [14, 13] and pp_stage_layers(27, 4) == [7, 7, 7, 6]
+    assert pp_stage_layers(80, 4) == [20] * 4
+    req = PlanRequest(
+        model="deepseek-ai/DeepSeek-V2-Lite",
+        gpu="L4",
+        num_gpus=4,
+        pp=2,
+        max_model_len=1024,
+        input_len=512,
+        output_len=256,
+        gpu_memory_utilization=0.9,
+        vllm_version="0.9.2",
+    )
+    est = estimate(req)
+    assert est.kv_cache_tokens == pytest.approx(807792, rel=0.01)
+    # the sampler's share is charged once, to the last stage: without PP's split it would cost ~0.9 GiB
+    budget = get_gpu("L4").usable_bytes * 0.9 - est.weights_bytes - est.overhead_bytes
+    assert est.kv_cache_bytes > budget - est.activation_bytes

@@ -83,6 +83,15 @@ def layers_per_gpu(spec: ModelSpec, pp: int) -> tuple[int, int]:
     return math.ceil(full / pp), math.ceil(sliding / pp)
 
 
+def pp_stage_layers(num_layers: int, pp: int) -> list[int]:
+    """Layers per pipeline stage as vLLM splits them (vllm/distributed/utils.py get_pp_indices): an even
+    share each, the remainder one by one to the stages before the last (27 layers, PP=2: [14, 13])."""
+    stages = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        stages[-i] += 1
+    return stages
+
+
 def kv_bytes_per_token(spec: ModelSpec, kv_bytes: float, tp: int, pp: int) -> float:
     """KV bytes one token costs on one GPU while the context is shorter than every window."""
     full, sliding = layers_per_gpu(spec, pp)

@@ -106,10 +106,29 @@ def _vllm(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> N
     v0_chunked = not limits.is_v1 and limits.chunked_prefill
     num_reqs = 0 if v0_chunked else min(limits.max_num_seqs, tokens)
     plan.activation = memory.vllm_profile_peak(spec, tokens, num_reqs, lay.tp)
-    budget = int(lay.gpu.usable_bytes * req.gpu_memory_utilization) - plan.weights - plan.activation
+    budget = int(lay.gpu.usable_bytes * req.gpu_memory_utilization) - plan.weights
     budget -= plan.overhead + (plan.cuda_graphs if limits.subtracts_cuda_graphs else 0)
     per_block = plan.kv_bytes_per_token * req.block_size
-    plan.kv_cache = max(int(budget // per_block * per_block), 0)
+    if req.pp > 1:
+        blocks = _pp_blocks(req, spec, lay, plan, budget)
+    else:
+        blocks = int((budget - plan.activation) // per_block)
+    plan.kv_cache = max(int(blocks * per_block), 0)
+
+
+def _pp_blocks(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan, budget: int) -> int:
+    """KV blocks with pipeline parallelism. Only the last stage runs the sampler in the profile run (vLLM
+    gpu_model_runner.py profile_run: `if get_pp_group().is_last_rank`), and every rank then keeps the
+    smallest block count (kv_cache_utils.py get_kv_cache_configs). The last stage holds the even share of
+    layers, the stages before it one more where the count does not divide (memory.pp_stage_layers), so the
+    earlier stages pay more per block but profile the forward pass only; plan.kv_bytes_per_token is the
+    largest stage's. Weights are split evenly (embeddings sit on the first stage, lm_head on the last)."""
+    stages = memory.pp_stage_layers(spec.num_hidden_layers, req.pp)
+    forward = memory.forward_activation_bytes(spec, lay.limits.max_num_batched_tokens, lay.tp)
+    per_block = plan.kv_bytes_per_token * req.block_size
+    earlier = (budget - forward) // per_block
+    last = (budget - plan.activation) // (per_block * stages[-1] / max(stages))
+    return int(min(earlier, last))
 
 
 def _other_budget(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> None:
