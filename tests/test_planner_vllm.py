@@ -174,18 +174,8 @@ def test_pipeline_stages_split_layers_like_vllm_and_only_the_last_one_samples():
 
     assert pp_stage_layers(27, 2) == [14, 13] and pp_stage_layers(27, 4) == [7, 7, 7, 6]
     assert pp_stage_layers(80, 4) == [20] * 4
-    req = PlanRequest(
-        model="deepseek-ai/DeepSeek-V2-Lite",
-        gpu="L4",
-        num_gpus=4,
-        pp=2,
-        max_model_len=1024,
-        input_len=512,
-        output_len=256,
-        gpu_memory_utilization=0.9,
-        vllm_version="0.9.2",
-    )
-    est = estimate(req)
+    run = next(r for r in RUNS if r.id == "4xl4-deepseek-v2-lite-tp2-pp2")
+    est = estimate(run.request())
     assert est.kv_cache_tokens == pytest.approx(807792, rel=0.01)
     # the sampler's share is charged once, to the last stage: without PP's split it would cost ~0.9 GiB
     budget = get_gpu("L4").usable_bytes * 0.9 - est.weights_bytes - est.overhead_bytes
