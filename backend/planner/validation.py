@@ -147,7 +147,7 @@ def format_row(r: RunResult) -> str:
         f"{r.run.id:<32}{r.run.vllm_version:>8} {r.run.gpu:<10}"
         f"{_cell(logged.get('weights_gib'), '8.2f')}{r.weights_gib:8.2f}{_cell(r.weights_error, '+8.1%')}"
         f"{_cell(logged.get('kv_cache_gib'), '8.2f')}{r.kv_gib:8.2f}{_cell(r.kv_error, '+8.1%')}"
-        f"{_cell(logged.get('activation_gib'), '7.2f')}{r.activation_gib:7.2f}  {verdict:<12}{flag}"
+        f"{_cell(logged.get('activation_gib'), '7.2f')}{r.activation_gib:7.2f}  {verdict:<13}{flag}"
     )
 
 
