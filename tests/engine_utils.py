@@ -124,4 +124,4 @@ def assert_engine_clean(llm) -> None:
     assert not engine.scheduler.running and not engine.scheduler.waiting
     assert bm.num_free_blocks == bm.num_blocks, f"{bm.num_used_blocks} KV blocks still in use"
     assert all(count == 0 for count in bm.ref_counts)
-    assert llm.stats()["num_kv_blocks_used"] == 0
+    assert llm.stats().num_kv_blocks_used == 0

@@ -71,9 +71,9 @@ def test_chat_benchmark_reports_every_field_and_exact_token_counts(served):
     assert (
         data["total_output_tokens"]
         == 12 * 6
-        == after["generation_tokens_total"] - before["generation_tokens_total"]
+        == after.generation_tokens_total - before.generation_tokens_total
     )
-    assert data["total_input_tokens"] == after["prompt_tokens_total"] - before["prompt_tokens_total"]
+    assert data["total_input_tokens"] == after.prompt_tokens_total - before.prompt_tokens_total
     assert data["request_throughput"] == pytest.approx(12 / data["duration"])
     assert data["output_throughput"] == pytest.approx(72 / data["duration"])
     assert data["total_token_throughput"] == pytest.approx(
@@ -96,13 +96,13 @@ def test_random_poisson_and_prefix_repetition_datasets_run(served):
         config(server, dataset="random", request_rate=40.0, burstiness=0.5, endpoint="completions")
     )
     assert result.completed == 12 and result.failed == 0
-    hits_before = engine.stats()["prefix_cache_hits_total"]
+    hits_before = engine.stats().prefix_cache_hits_total
     result = run_benchmark(
         config(server, dataset="prefix-repetition", input_len=80, prefix_len=64, num_prefixes=2)
     )
     assert result.completed == 12
     assert (
-        engine.stats()["prefix_cache_hits_total"] - hits_before >= 10 * 32
+        engine.stats().prefix_cache_hits_total - hits_before >= 10 * 32
     )  # shared 64-word prefixes were reused
 
 
@@ -129,7 +129,7 @@ def test_bench_command_writes_json_and_reports_leaked_blocks(served, tmp_path, c
     assert "Serving Benchmark Result" in printed and "P99 TTFT (ms):" in printed
     assert "KV blocks used 0.0 of 256.0" in printed
     assert json.loads(out.read_text())["completed"] == 6
-    wait_until(lambda: engine.stats()["num_requests_running"] == 0, what="idle")
+    wait_until(lambda: engine.stats().num_requests_running == 0, what="idle")
     mixed = (
         f"bench --base-url {server.url}/v1 --model tiny --dataset {dataset} --num-prompts 4 --output-len 5"
     )

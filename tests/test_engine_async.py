@@ -84,13 +84,13 @@ def test_a_consumer_that_stops_iterating_aborts_its_request(engine):
                 break
         await agen.aclose()
         for _ in range(100):  # the stepping thread applies the abort within a step
-            if engine.stats()["num_kv_blocks_used"] == 0:
+            if engine.stats().num_kv_blocks_used == 0:
                 break
             await asyncio.sleep(0.01)
 
     asyncio.run(main())
     stats = engine.stats()
-    assert stats["num_requests_running"] == 0 and stats["num_kv_blocks_used"] == 0
+    assert stats.num_requests_running == 0 and stats.num_kv_blocks_used == 0
 
 
 def test_bad_requests_fail_fast_and_disturb_nothing(engine):
@@ -126,7 +126,7 @@ def test_stats_snapshot():
     core.add_request("queued", [5] * 120, SamplingParams(max_tokens=5))
     core.step(), core.step()  # both prompts fit the token budget: 2 prefills, then 2 decodes
     stats = llm.stats()
-    json.dumps(stats)
+    json.dumps(stats.to_dict())  # the JSON edge
     expected = {
         "model", "device", "dtype", "block_size", "num_kv_blocks_total", "num_kv_blocks_used",
         "kv_cache_usage", "num_requests_running", "num_requests_waiting", "num_preemptions_total",
@@ -135,16 +135,14 @@ def test_stats_snapshot():
         "step_time_mean_s", "weights_bytes", "kv_pool_bytes", "rss_bytes", "max_model_len", "max_num_seqs",
         "max_num_batched_tokens", "timestamp", "block_owners",
     }  # fmt: skip
-    assert expected <= set(stats)
-    assert stats["model"] == ARCH and stats["dtype"] == "float32" and stats["device"] == "cpu"
-    assert stats["num_requests_running"] == 2 and stats["num_requests_waiting"] == 0
-    assert len(stats["block_owners"]["watched"]) == 5  # 71 computed tokens in blocks of 16
-    assert stats["num_kv_blocks_used"] == 5 + len(stats["block_owners"]["queued"])
-    assert stats["kv_cache_usage"] == pytest.approx(
-        stats["num_kv_blocks_used"] / stats["num_kv_blocks_total"]
-    )
-    assert stats["weights_bytes"] > 0 and stats["kv_pool_bytes"] > 0 and stats["rss_bytes"] > 0
-    assert stats["generation_tokens_total"] == 4 and stats["prompt_tokens_total"] == 70 + 120
-    assert stats["num_steps_total"] == 2 and stats["step_time_mean_s"] > 0
+    assert expected <= set(stats.to_dict())
+    assert stats.model == ARCH and stats.dtype == "float32" and stats.device == "cpu"
+    assert stats.num_requests_running == 2 and stats.num_requests_waiting == 0
+    assert len(stats.block_owners["watched"]) == 5  # 71 computed tokens in blocks of 16
+    assert stats.num_kv_blocks_used == 5 + len(stats.block_owners["queued"])
+    assert stats.kv_cache_usage == pytest.approx(stats.num_kv_blocks_used / stats.num_kv_blocks_total)
+    assert stats.weights_bytes > 0 and stats.kv_pool_bytes > 0 and stats.rss_bytes > 0
+    assert stats.generation_tokens_total == 4 and stats.prompt_tokens_total == 70 + 120
+    assert stats.num_steps_total == 2 and stats.step_time_mean_s > 0
     core.abort_request("watched"), core.abort_request("queued")
     assert_engine_clean(llm)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import subprocess
+import sys
 from dataclasses import fields
 
 import gradio as gr
@@ -16,6 +18,7 @@ from backend.export import ExportOptions, embedded, resolve
 from backend.planner.request import PlanRequest
 from backend.server.cli import add_arguments as server_arguments
 from backend.server.engine_holder import EngineHolder
+from tests.common_utils import ROOT
 from ui import launch_tab
 from ui.common import AppContext
 
@@ -121,3 +124,9 @@ def test_embedded_python_snippet_passes_the_same_config_to_llm():
     kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
     model = ast.literal_eval(call.args[0])
     assert EngineConfig.from_kwargs(model, **kwargs) == embedded.engine_config(plan)
+
+
+def test_reading_the_config_and_the_server_cli_does_not_import_torch():
+    """`app.py --help` and the UI's forms read EngineConfig; torch loads only with the engine."""
+    code = "import sys, backend.engine.config, backend.server.cli; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

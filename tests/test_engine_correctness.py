@@ -85,7 +85,7 @@ def test_chunked_prefill_token_budgets(arch, budget):
     stats = llm.stats()
     if budget < max(map(len, batch)):
         # a prompt longer than the budget took several steps: more steps than generated tokens per request
-        assert stats["num_steps_total"] > MAX_TOKENS + max(map(len, batch)) // budget - 1
+        assert stats.num_steps_total > MAX_TOKENS + max(map(len, batch)) // budget - 1
     _engines.remove(llm)
     assert_engine_clean(llm)
 
@@ -99,15 +99,15 @@ def test_prefix_caching_on_and_off(enable_prefix_caching):
     first = llm.generate(batch, GREEDY)
     expected = [hf_greedy(arch, p, MAX_TOKENS) for p in batch]
     assert token_ids(first) == expected
-    hits_after_first = llm.stats()["prefix_cache_hits_total"]
+    hits_after_first = llm.stats().prefix_cache_hits_total
     second = llm.generate(batch, GREEDY)  # every prompt's full blocks are now cached
     assert token_ids(second) == expected
     stats = llm.stats()
     if enable_prefix_caching:
-        assert stats["prefix_cache_hits_total"] - hits_after_first >= len(batch) * 32
-        assert stats["prefix_cache_queries_total"] >= 2 * sum(map(len, batch))
+        assert stats.prefix_cache_hits_total - hits_after_first >= len(batch) * 32
+        assert stats.prefix_cache_queries_total >= 2 * sum(map(len, batch))
     else:
-        assert stats["prefix_cache_hits_total"] == 0
+        assert stats.prefix_cache_hits_total == 0
     _engines.remove(llm)
     assert_engine_clean(llm)
 
@@ -124,7 +124,7 @@ def test_forced_prefix_cache_hash_collision_never_serves_another_prompts_kv(monk
     for prompt, want in zip(batch, expected, strict=True):  # one at a time: each sees the others' cache
         assert token_ids(llm.generate(prompt, GREEDY)) == [want]
     assert token_ids(llm.generate(batch, GREEDY)) == expected
-    assert llm.stats()["prefix_cache_hits_total"] >= 16
+    assert llm.stats().prefix_cache_hits_total >= 16
     _engines.remove(llm)
     assert_engine_clean(llm)
 
@@ -134,7 +134,7 @@ def test_preemption_when_the_kv_pool_is_small(arch):
     llm = make_llm(arch, block_size=4, num_kv_blocks=30, max_num_seqs=8)
     batch = prompts(seed=6)
     outs = llm.generate(batch, GREEDY)
-    assert llm.stats()["num_preemptions_total"] > 0
+    assert llm.stats().num_preemptions_total > 0
     assert token_ids(outs) == [hf_greedy(arch, p, MAX_TOKENS) for p in batch]
     _engines.remove(llm)
     assert_engine_clean(llm)

@@ -110,14 +110,14 @@ def test_the_old_engine_serves_while_the_new_one_loads_and_finishes_its_requests
     result = {}
     long_request = threading.Thread(target=lambda: result.update(out=generate(old, 40)))
     long_request.start()
-    wait_until(lambda: old.stats()["num_requests_running"] == 1, what="the long request runs")
+    wait_until(lambda: old.stats().num_requests_running == 1, what="the long request runs")
     release.set()
     relaunch.join(60)
     assert holder.get() is not old and holder.status().config.max_num_seqs == 4
     long_request.join(120)
     out = result["out"].outputs[0]
     assert out.finish_reason == "length" and len(out.token_ids) == 40  # finished on the retired engine
-    wait_until(lambda: old.stats()["num_requests_running"] == 0, what="the old engine drained")
+    wait_until(lambda: old.stats().num_requests_running == 0, what="the old engine drained")
     assert generate(holder.get(), 2).outputs[0].finish_reason == "length"
     holder.shutdown()
 

@@ -120,7 +120,7 @@ def test_admission_counts_requests_accepted_but_not_yet_in_the_engine():
                 refused += 1
                 assert "the limit is 256" in str(exc)
         assert 256 <= len(accepted) <= 257 and len(accepted) + refused == 400
-        assert engine.stats()["num_requests_waiting"] >= 255
+        assert engine.stats().num_requests_waiting >= 255
         for request_id, _ in accepted:
             engine.abort(request_id)
         for request_id, collector in accepted:  # every stream ends, with "abort"
@@ -129,8 +129,8 @@ def test_admission_counts_requests_accepted_but_not_yet_in_the_engine():
 
     try:
         asyncio.run(main())
-        wait_until(lambda: engine.stats()["num_kv_blocks_used"] == 0, what="all blocks freed")
-        assert engine.stats()["num_requests_waiting"] == 0
+        wait_until(lambda: engine.stats().num_kv_blocks_used == 0, what="all blocks freed")
+        assert engine.stats().num_requests_waiting == 0
     finally:
         engine.shutdown()
 
@@ -141,9 +141,7 @@ def test_a_reader_that_stops_reading_holds_only_the_newest_output():
 
     async def main():
         collector = engine.add_request("slow-reader", prompts()[2], params)
-        wait_until(
-            lambda: engine.stats()["num_requests_finished_total"] == 1, what="the request to end unread"
-        )
+        wait_until(lambda: engine.stats().num_requests_finished_total == 1, what="the request to end unread")
         first = await collector.get()  # 200 steps happened; the reader sees one, cumulative output
         assert first.finished and len(first.outputs[0].token_ids) == 200
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backend.default_model import packaged_gguf
+from backend.engine.stats import EngineStats
 from backend.planner import PlanRequest, estimate
 
 pytestmark = pytest.mark.slow
@@ -12,7 +13,7 @@ MAX_NUM_SEQS = 2  # small, so that the pool is sized by max_num_seqs x max_model
 
 
 @pytest.fixture(scope="module")
-def engine_stats() -> dict:
+def engine_stats() -> EngineStats:
     from backend.engine import LLM
 
     gguf = packaged_gguf()
@@ -33,7 +34,7 @@ def test_embedded_estimate_matches_measured_engine_memory(engine_stats):
             gpu_memory_utilization=1.0,
         )
     )
-    dtype_bytes = 2 if engine_stats["dtype"].endswith("bfloat16") else 4
+    dtype_bytes = 2 if engine_stats.dtype.endswith("bfloat16") else 4
     if dtype_bytes == 4:  # a CPU without fast bf16: the engine runs fp32, so plan with fp32
         est = estimate(
             PlanRequest(
@@ -45,9 +46,9 @@ def test_embedded_estimate_matches_measured_engine_memory(engine_stats):
                 max_num_batched_tokens=64,
             )
         )
-    measured = engine_stats["weights_bytes"] + engine_stats["kv_pool_bytes"]
+    measured = engine_stats.weights_bytes + engine_stats.kv_pool_bytes
     predicted = est.weights_bytes + est.kv_cache_bytes
     assert predicted == pytest.approx(measured, rel=0.05)
-    assert est.weights_bytes == pytest.approx(engine_stats["weights_bytes"], rel=0.05)
-    assert est.kv_cache_bytes == pytest.approx(engine_stats["kv_pool_bytes"], rel=0.05)
-    assert est.max_model_len == engine_stats["max_model_len"]
+    assert est.weights_bytes == pytest.approx(engine_stats.weights_bytes, rel=0.05)
+    assert est.kv_cache_bytes == pytest.approx(engine_stats.kv_pool_bytes, rel=0.05)
+    assert est.max_model_len == engine_stats.max_model_len

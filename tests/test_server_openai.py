@@ -53,7 +53,7 @@ def metric(parsed: dict, name: str, **labels) -> float:
 
 def idle(engine) -> bool:
     stats = engine.stats()
-    return stats["num_requests_running"] == 0 and stats["num_requests_waiting"] == 0
+    return stats.num_requests_running == 0 and stats.num_requests_waiting == 0
 
 
 def test_models_lists_the_served_name(client, served):
@@ -166,7 +166,7 @@ def test_64_concurrent_streams_complete_and_free_every_block(served):
     assert [(finish, tokens) for finish, tokens, i in results] == [("length", 8 + i % 8) for i in range(64)]
     wait_until(lambda: idle(engine), what="the engine to go idle")
     stats = engine.stats()
-    assert stats["num_kv_blocks_used"] == 0 and stats["block_owners"] == {}
+    assert stats.num_kv_blocks_used == 0 and stats.block_owners == {}
     assert metric(samples(scrape(server.url)), "playground:kv_cache_blocks_used") == 0
 
 
@@ -181,12 +181,12 @@ def test_client_dropping_mid_stream_frees_its_blocks(served):
         lines = r.iter_lines()
         chunks = [next(lines) for _ in range(6)]  # data lines and blank separators
         assert any(line.startswith("data: ") for line in chunks)
-        assert engine.stats()["num_kv_blocks_used"] > 0
+        assert engine.stats().num_kv_blocks_used > 0
     # the connection is closed here, mid-stream
-    wait_until(lambda: engine.stats()["num_kv_blocks_used"] == 0, what="the dropped request's blocks")
+    wait_until(lambda: engine.stats().num_kv_blocks_used == 0, what="the dropped request's blocks")
     after = metric(samples(scrape(server.url)), "vllm:request_success_total", finished_reason="abort")
     assert after == before + 1
-    assert engine.stats()["generation_tokens_total"] > 0
+    assert engine.stats().generation_tokens_total > 0
 
 
 def test_client_dropping_a_non_streaming_request_frees_its_blocks(served):
@@ -194,7 +194,7 @@ def test_client_dropping_a_non_streaming_request_frees_its_blocks(served):
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 900, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.url}/v1/completions", json=body, timeout=httpx.Timeout(30, read=1.0))
-    wait_until(lambda: idle(engine) and engine.stats()["num_kv_blocks_used"] == 0, what="the abort")
+    wait_until(lambda: idle(engine) and engine.stats().num_kv_blocks_used == 0, what="the abort")
 
 
 @pytest.mark.parametrize(
@@ -219,7 +219,7 @@ def test_invalid_requests_get_openai_errors(client, served, body, status, words)
     assert set(error.body) >= {"message", "type", "param", "code"}
     for word in words:
         assert word in error.body["message"]
-    assert idle(served[0]) and served[0].stats()["num_kv_blocks_used"] == 0
+    assert idle(served[0]) and served[0].stats().num_kv_blocks_used == 0
 
 
 def test_malformed_json_and_prompt_too_long_on_completions(served):
@@ -274,7 +274,7 @@ def test_metrics_counters_move_by_exactly_the_tokens_served(client, served):
     assert metric(after, "vllm:num_requests_running") == 0
     assert metric(after, "vllm:kv_cache_usage_perc") == 0
     stats = engine.stats()
-    assert metric(after, "playground:kv_cache_blocks_total") == stats["num_kv_blocks_total"]
+    assert metric(after, "playground:kv_cache_blocks_total") == stats.num_kv_blocks_total
     info = [k for k in after if k[0] == "vllm:cache_config_info"]
-    assert info and dict(info[0][1])["num_gpu_blocks"] == str(stats["num_kv_blocks_total"])
-    assert json.loads(json.dumps(stats))  # the stats behind the gauges are plain JSON
+    assert info and dict(info[0][1])["num_gpu_blocks"] == str(stats.num_kv_blocks_total)
+    assert json.loads(json.dumps(stats.to_dict()))  # the stats behind the gauges are plain JSON

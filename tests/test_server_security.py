@@ -93,7 +93,7 @@ def test_full_waiting_queue_gets_503_with_retry_after(engine):
                 lines = running.iter_lines()  # kept: dropping the iterator would close the stream
                 next(lines)  # max_num_seqs=1: this one runs ...
                 with http.stream("POST", f"{server.url}/v1/completions", json=body) as waiting:
-                    wait_until(lambda: engine.stats()["num_requests_waiting"] == 1, what="a waiting request")
+                    wait_until(lambda: engine.stats().num_requests_waiting == 1, what="a waiting request")
                     refused = http.post(f"{server.url}/v1/completions", json={"prompt": "hi"})
                     assert waiting.status_code == 200
             assert refused.status_code == 503
@@ -102,7 +102,7 @@ def test_full_waiting_queue_gets_503_with_retry_after(engine):
                 refused.json()["error"]["code"] == "queue_full"
                 and "limit is 1" in refused.json()["error"]["message"]
             )
-        wait_until(lambda: engine.stats()["num_kv_blocks_used"] == 0, what="both dropped streams to be freed")
+        wait_until(lambda: engine.stats().num_kv_blocks_used == 0, what="both dropped streams to be freed")
     finally:
         server.stop()
 

@@ -219,7 +219,7 @@ def test_chat_prompt_longer_than_the_model_limit_is_a_message(ctx):
     long_text = "word " * 2000  # the tiny model's max_model_len is 512
     updates = drain(chat_tab.chat(ctx, long_text, [], "", *CHAT_CONTROLS.values()))
     assert is_error(updates[-1][3], "512"), updates[-1][3]
-    assert ctx.holder.stats()["num_kv_blocks_used"] == 0
+    assert ctx.holder.stats().num_kv_blocks_used == 0
 
 
 def test_stop_button_aborts_a_long_reply_and_frees_its_blocks(ctx):
@@ -237,7 +237,7 @@ def test_stop_button_aborts_a_long_reply_and_frees_its_blocks(ctx):
     final_chat, _, stats, _, _ = updates[-1]
     assert "finish: abort" in stats and len(updates) < 100  # stopped long before 400 tokens
     assert "finish: abort" in final_chat[-1]["content"]  # the stats line sits under the reply itself
-    assert ctx.holder.stats()["num_kv_blocks_used"] == 0
+    assert ctx.holder.stats().num_kv_blocks_used == 0
 
 
 def test_history_sent_back_to_the_model_drops_the_stats_line():
@@ -264,7 +264,7 @@ def test_load_without_engine_and_with_one(ctx):
     assert is_error(drain(load.fire_load(idle, 4, 8))[-1], "no engine running")
     final = drain(load.fire_load(ctx, 4, 8))[-1]
     assert "msg-ok" in final and "4 requests, 32 tokens" in final
-    assert ctx.holder.stats()["num_kv_blocks_used"] == 0
+    assert ctx.holder.stats().num_kv_blocks_used == 0
 
 
 # --- Benchmark, Monitor, Export ---------------------------------------------------------------------

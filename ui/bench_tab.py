@@ -95,9 +95,9 @@ def plan_for(ctx: AppContext, target: str, plan: dict[str, Any] | None, config: 
         output_len=config.output_len,
         concurrency=config.max_concurrency or config.num_prompts,
     )
-    status, stats = ctx.holder.status(), ctx.holder.stats() or {}
-    if target == EMBEDDED and status.config is not None and stats.get("device") == "cpu":
-        quant = "bf16" if stats.get("dtype") == "bfloat16" else "fp32"
+    status, stats = ctx.holder.status(), ctx.holder.stats()
+    if target == EMBEDDED and status.config is not None and stats is not None and stats.device == "cpu":
+        quant = "bf16" if stats.dtype == "bfloat16" else "fp32"
         return PlanRequest(
             model=status.config.model, gpu="CPU", engine="embedded", quant=quant, **workload
         ).to_dict()

@@ -159,12 +159,12 @@ def refresh_live(holder: EngineHolder, is_public: bool = False) -> tuple:
     samples = holder.samples()
     if not samples:
         return live_now_html(None), gr.skip(), gr.skip()
-    stats = holder.last_stats() or {}
-    owners = stats.get("block_owners") or {}
+    stats = holder.last_stats()
+    owners = stats.block_owners if stats is not None else {}
     if is_public:
         samples = [{**sample, "prefix_cache_hit_rate": None} for sample in samples]
         owners = {"in use": sorted({b for blocks in owners.values() for b in blocks})} if owners else {}
-    total = int(stats.get("num_kv_blocks_total") or 0)
+    total = stats.num_kv_blocks_total if stats is not None else 0
     block_map = charts.kv_block_map_figure(owners, total) if total else gr.skip()
     return live_now_html(samples[-1]), charts.live_figure(samples), block_map
 

@@ -92,7 +92,8 @@ def kib(nbytes: float | None) -> str:
 def status_html(holder: EngineHolder) -> str:
     status = holder.status()
     name = html.escape(status.config.model if status.config else "")
-    if status.state == EngineState.STOPPED:
+    stats = holder.stats() if status.state == EngineState.READY else None
+    if status.state == EngineState.STOPPED or (status.state == EngineState.READY and stats is None):
         return "<div class='msg msg-info' id='engine-state' data-state='stopped'>Stopped: press Launch.</div>"
     if status.state == EngineState.LOADING:
         serving = status.serving.model if status.serving else ""
@@ -106,25 +107,25 @@ def status_html(holder: EngineHolder) -> str:
             f"<div class='msg msg-error' id='engine-state' data-state='failed'>Load failed: "
             f"{html.escape(status.error)}<br>Fix the settings and press Launch again.</div>"
         )
-    stats = holder.stats() or {}
-    plan = planned_memory(status.config.model, stats.get("dtype", ""))
-    kv_tokens = stats["num_kv_blocks_total"] * stats["block_size"]
+    assert stats is not None and status.config is not None  # READY with an engine
+    plan = planned_memory(status.config.model, stats.dtype)
+    kv_tokens = stats.num_kv_blocks_total * stats.block_size
     cells = [
-        ("Model", stats.get("model", name)),
-        ("Device · dtype", f"{stats.get('device')} · {stats.get('dtype')}"),
+        ("Model", stats.model),
+        ("Device · dtype", f"{stats.device} · {stats.dtype}"),
         (
             "KV blocks",
-            f"{stats.get('num_kv_blocks_used', 0):,} / {stats.get('num_kv_blocks_total', 0):,} used "
-            f"({stats.get('block_size')} tokens each)",
+            f"{stats.num_kv_blocks_used:,} / {stats.num_kv_blocks_total:,} used "
+            f"({stats.block_size} tokens each)",
         ),
-        ("max_model_len", f"{stats.get('max_model_len', 0):,} tokens"),
-        ("Weights (plan)", f"{gib(stats['weights_bytes'])} ({gib(plan.get('weights_bytes'))})"),
-        ("KV cache pool", f"{gib(stats['kv_pool_bytes'])} = {kv_tokens:,} tokens"),
+        ("max_model_len", f"{stats.max_model_len:,} tokens"),
+        ("Weights (plan)", f"{gib(stats.weights_bytes)} ({gib(plan.get('weights_bytes'))})"),
+        ("KV cache pool", f"{gib(stats.kv_pool_bytes)} = {kv_tokens:,} tokens"),
         (
             "KV per token (plan)",
-            f"{stats['kv_pool_bytes'] / kv_tokens / 1024:,.1f} KiB ({kib(plan.get('kv_bytes_per_token'))})",
+            f"{stats.kv_pool_bytes / kv_tokens / 1024:,.1f} KiB ({kib(plan.get('kv_bytes_per_token'))})",
         ),
-        ("Process memory (RSS)", gib(stats.get("rss_bytes"))),
+        ("Process memory (RSS)", gib(stats.rss_bytes)),
         ("Loaded in", f"{status.load_seconds:.1f} s"),
     ]
     body = "".join(f"<div class='kpi'><span>{k}</span><b>{html.escape(str(v))}</b></div>" for k, v in cells)

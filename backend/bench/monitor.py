@@ -10,10 +10,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from backend.bench.metric_names import ENGINE_METRICS, SIGNATURES
+
+if TYPE_CHECKING:
+    from backend.engine.stats import EngineStats  # the engine (and torch) only when it runs here
 
 SAMPLE_KEYS = (
     "timestamp",
@@ -162,8 +166,11 @@ def sample_from_text(text: str, previous: dict | None = None, timestamp: float |
     return _finish(sample, previous)
 
 
-def sample_from_stats(stats: dict, previous: dict | None = None) -> dict:
+def sample_from_stats(stats: EngineStats, previous: EngineStats | dict | None = None) -> dict:
     """The same sample from the in-process engine's stats(); ``previous`` is the last stats or sample."""
+    values = stats.to_dict()
+    if previous is not None and not isinstance(previous, dict):
+        previous = previous.to_dict()
     sample = dict.fromkeys(SAMPLE_KEYS)
     sample.update(engine="embedded")
     for key in (
@@ -176,7 +183,7 @@ def sample_from_stats(stats: dict, previous: dict | None = None) -> dict:
         "num_preemptions_total",
         *COUNTER_KEYS,
     ):
-        sample[key] = stats.get(key)
+        sample[key] = values.get(key)
     return _finish(sample, previous)
 
 

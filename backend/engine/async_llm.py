@@ -27,6 +27,7 @@ from backend.engine.llm import LLM
 from backend.engine.output_collector import RequestOutputCollector
 from backend.engine.outputs import RequestOutput
 from backend.engine.sampling_params import SamplingParams
+from backend.engine.stats import EngineStats
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_WAITING_REQUESTS = 256
@@ -67,10 +68,10 @@ class AsyncLLM:
         """True once the stepping thread has stopped (shut down or died): nothing more is served."""
         return self._dead is not None
 
-    def stats(self) -> dict:
+    def stats(self) -> EngineStats:
         with self._lock:  # the stepping thread adds a request, then uncounts it under this lock
             stats = self.engine.stats()
-            stats["num_requests_waiting"] += self._num_pending
+            stats.num_requests_waiting += self._num_pending
         return stats
 
     async def run_in_tokenizer(self, function: Callable[..., Any], *args: Any) -> Any:

@@ -11,6 +11,7 @@ from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.outputs import RequestOutput
 from backend.engine.sampling_params import SamplingParams
+from backend.engine.stats import EngineStats
 
 Prompt = str | list[int]
 
@@ -42,7 +43,7 @@ class LLM:
     def dtype(self) -> torch.dtype:
         return self.llm_engine.dtype
 
-    def stats(self) -> dict:
+    def stats(self) -> EngineStats:
         return self.llm_engine.stats()
 
     def generate(

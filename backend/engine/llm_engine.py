@@ -20,7 +20,7 @@ from backend.engine.sampler import Sampler
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence
-from backend.engine.stats import EngineCounters, engine_stats
+from backend.engine.stats import EngineCounters, EngineStats, engine_stats
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,7 @@ class LLMEngine:
         if self.fault_injector is not None:
             self.fault_injector.check(phase, seqs)
 
-    def stats(self) -> dict:
+    def stats(self) -> EngineStats:
         return engine_stats(self)
 
 

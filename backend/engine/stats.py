@@ -1,11 +1,11 @@
-"""stats(): one JSON-serialisable snapshot of the engine, for the UI's charts and the server's /metrics."""
+"""stats(): one EngineStats snapshot of the engine, for the UI's charts and the server's /metrics."""
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -55,7 +55,42 @@ def _snapshot(items) -> list:
             continue
 
 
-def engine_stats(engine: StatsSource) -> dict:
+@dataclass(slots=True)
+class EngineStats:
+    """One snapshot of the engine (vLLM's metric names where it has them); `to_dict()` at the JSON edge."""
+
+    model: str
+    device: str
+    dtype: str
+    block_size: int
+    num_kv_blocks_total: int
+    num_kv_blocks_used: int
+    kv_cache_usage: float  # used / total
+    num_requests_running: int
+    num_requests_waiting: int
+    num_preemptions_total: int
+    prefix_cache_queries_total: int  # in tokens
+    prefix_cache_hits_total: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    num_requests_finished_total: int
+    num_steps_total: int
+    step_time_last_s: float
+    step_time_mean_s: float
+    weights_bytes: int
+    kv_pool_bytes: int
+    rss_bytes: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    timestamp: float  # time.time()
+    block_owners: dict[str, list[int]]  # request id -> its KV blocks
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def engine_stats(engine: StatsSource) -> EngineStats:
     import psutil
 
     bm, sched, counters, cfg = engine.block_manager, engine.scheduler, engine.counters, engine.config
@@ -65,33 +100,32 @@ def engine_stats(engine: StatsSource) -> dict:
         if seq.block_table:
             owners.setdefault(seq.request_id, []).extend(_snapshot(seq.block_table))
     used = bm.num_used_blocks
-    return {
-        "model": engine.model_name,
-        "device": str(engine.device),
-        "dtype": str(engine.dtype).removeprefix("torch."),
-        "block_size": bm.block_size,
-        "num_kv_blocks_total": bm.num_blocks,
-        "num_kv_blocks_used": used,
-        "kv_cache_usage": used / bm.num_blocks,
-        "num_requests_running": len({seq.request_id for seq in running}),
-        "num_requests_waiting": len(
-            {seq.request_id for seq in waiting} - {seq.request_id for seq in running}
-        ),
-        "num_preemptions_total": sched.num_preemptions,
-        "prefix_cache_queries_total": bm.prefix_cache_queries,
-        "prefix_cache_hits_total": bm.prefix_cache_hits,
-        "prompt_tokens_total": counters.prompt_tokens,
-        "generation_tokens_total": counters.generation_tokens,
-        "num_requests_finished_total": counters.num_requests_finished,
-        "num_steps_total": counters.num_steps,
-        "step_time_last_s": counters.step_time_last_s,
-        "step_time_mean_s": counters.step_time_total_s / max(1, counters.num_steps),
-        "weights_bytes": engine.weights_bytes,
-        "kv_pool_bytes": engine.runner.kv_pool_bytes,
-        "rss_bytes": psutil.Process(os.getpid()).memory_info().rss,
-        "max_model_len": engine.max_model_len,
-        "max_num_seqs": cfg.max_num_seqs,
-        "max_num_batched_tokens": cfg.max_num_batched_tokens,
-        "timestamp": time.time(),
-        "block_owners": owners,
-    }
+    running_ids = {seq.request_id for seq in running}
+    return EngineStats(
+        model=engine.model_name,
+        device=str(engine.device),
+        dtype=str(engine.dtype).removeprefix("torch."),
+        block_size=bm.block_size,
+        num_kv_blocks_total=bm.num_blocks,
+        num_kv_blocks_used=used,
+        kv_cache_usage=used / bm.num_blocks,
+        num_requests_running=len(running_ids),
+        num_requests_waiting=len({seq.request_id for seq in waiting} - running_ids),
+        num_preemptions_total=sched.num_preemptions,
+        prefix_cache_queries_total=bm.prefix_cache_queries,
+        prefix_cache_hits_total=bm.prefix_cache_hits,
+        prompt_tokens_total=counters.prompt_tokens,
+        generation_tokens_total=counters.generation_tokens,
+        num_requests_finished_total=counters.num_requests_finished,
+        num_steps_total=counters.num_steps,
+        step_time_last_s=counters.step_time_last_s,
+        step_time_mean_s=counters.step_time_total_s / max(1, counters.num_steps),
+        weights_bytes=engine.weights_bytes,
+        kv_pool_bytes=engine.runner.kv_pool_bytes,
+        rss_bytes=psutil.Process(os.getpid()).memory_info().rss,
+        max_model_len=engine.max_model_len,
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        timestamp=time.time(),
+        block_owners=owners,
+    )

@@ -23,6 +23,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from backend.engine.config import EngineConfig
+from backend.engine.stats import EngineStats
 
 if TYPE_CHECKING:
     from backend.engine import AsyncLLM
@@ -72,7 +73,7 @@ class EngineHolder:
         self._load_started = 0.0
         self._load_seconds = 0.0
         self._samples: deque[dict[str, Any]] = deque(maxlen=HISTORY_SECONDS)
-        self._last_stats: dict[str, Any] | None = None
+        self._last_stats: EngineStats | None = None
 
     def get(self) -> AsyncLLM | None:
         """The running engine, or None (the server answers 503, the chat says how to launch)."""
@@ -127,7 +128,7 @@ class EngineHolder:
             old.shutdown()
         return self.status()
 
-    def stats(self) -> dict[str, Any] | None:
+    def stats(self) -> EngineStats | None:
         """engine.stats() of the running engine, or None."""
         engine = self._engine
         if engine is None:
@@ -151,7 +152,7 @@ class EngineHolder:
                 self._samples.append(sample_from_stats(self._last_stats, last))
             return list(self._samples)
 
-    def last_stats(self) -> dict[str, Any] | None:
+    def last_stats(self) -> EngineStats | None:
         return self._last_stats
 
     def shutdown(self) -> None:
@@ -170,7 +171,7 @@ def retire(engine: AsyncLLM, drain_timeout_s: float, poll_s: float = 0.1) -> Non
             stats = engine.stats()
         except Exception:  # the engine died while draining: nothing left to wait for
             break
-        if stats["num_requests_running"] + stats["num_requests_waiting"] == 0:
+        if stats.num_requests_running + stats.num_requests_waiting == 0:
             break
         time.sleep(poll_s)
     engine.shutdown()

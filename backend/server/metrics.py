@@ -97,7 +97,7 @@ LATENCY_BUCKETS = (
 )
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 
-GAUGES = {  # stats() key -> (metric name, help)
+GAUGES = {  # EngineStats field -> (metric name, help)
     "num_requests_running": ("vllm:num_requests_running", "Number of requests in model execution batches."),
     "num_requests_waiting": ("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
     "kv_cache_usage": ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
@@ -141,21 +141,22 @@ class EngineCollector:
         if engine is None:
             return
         stats = engine.stats()
+        values = stats.to_dict()  # the metrics edge: GAUGES and counters are keyed by field name
         name = self.model_name(engine)
         for key, (metric, doc) in GAUGES.items():
             family = GaugeMetricFamily(metric, doc, labels=["model_name"])
-            family.add_metric([name], float(stats[key]))
+            family.add_metric([name], float(values[key]))
             yield family
         for key, (metric, doc) in self.counters.items():
             family = CounterMetricFamily(metric, doc, labels=["model_name"])
-            family.add_metric([name], float(stats[key]))
+            family.add_metric([name], float(values[key]))
             yield family
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
             labels=["block_size", "num_gpu_blocks", "model_name"],
         )
-        info.add_metric([str(stats["block_size"]), str(stats["num_kv_blocks_total"]), name], 1.0)
+        info.add_metric([str(stats.block_size), str(stats.num_kv_blocks_total), name], 1.0)
         yield info
 
 
