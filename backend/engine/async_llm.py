@@ -18,7 +18,7 @@ import logging
 import queue
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -113,7 +113,7 @@ class AsyncLLM:
 
     async def outputs(
         self, request_id: str, collector: RequestOutputCollector
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Cumulative outputs of an admitted request; the last has finished=True. Closing the iterator
         early aborts the request, which frees its KV blocks at once."""
         finished = False
@@ -134,9 +134,10 @@ class AsyncLLM:
         """Stream cumulative outputs of one request; the last has finished=True."""
         params = params if params is not None else SamplingParams()
         request_id = request_id or f"req-{uuid.uuid4().hex}"
-        text, ids = None, prompt
         if isinstance(prompt, str):
             text, ids = await self.run_in_tokenizer(self.engine.process_inputs, prompt, params)
+        else:
+            text, ids = None, prompt
         collector = self.add_request(request_id, ids, params, prompt=text)
         stream = self.outputs(request_id, collector)
         try:
@@ -204,7 +205,9 @@ class AsyncLLM:
                     self._deliver(command[1], out)
             else:
                 for request_id in list(self.engine.requests):
-                    self._deliver(request_id, self.engine.abort_request(request_id))
+                    out = self.engine.abort_request(request_id)
+                    if out is not None:
+                        self._deliver(request_id, out)
                 return False
         return True
 

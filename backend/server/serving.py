@@ -120,7 +120,8 @@ class Job:
                 self.recorder.on_output(out)
                 last = out
                 yield out
-            reason = last.outputs[0].finish_reason
+            if last is not None and last.finished:
+                reason = last.outputs[0].finish_reason
         except EngineGenerateError:
             reason = "error"
             raise
