@@ -14,10 +14,14 @@ STUB_PROGRAMS = (
     "vllm", "python", "trtllm-serve", "text-generation-launcher", "llama-server", "ollama", "docker", "curl",
     "ray", "pip", "sky",
 )  # fmt: skip
+# The variables engines read their API key from: the stubs log them beside each call (STUB_LOG.env).
+KEY_VARIABLES = ("VLLM_API_KEY", "API_KEY", "LLAMA_API_KEY")
 STUB = f"""#!{sys.executable}
 import json, os, sys
 with open(os.environ["STUB_LOG"], "a") as log:
     log.write(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\\n")
+with open(os.environ["STUB_LOG"] + ".env", "a") as log:
+    log.write(json.dumps({{k: os.environ[k] for k in {KEY_VARIABLES!r} if k in os.environ}}) + "\\n")
 """
 
 
@@ -44,6 +48,7 @@ def run_with_stubs(
     """Run a generated bash file with the stubs first on PATH; returns (completed process, logged argvs)."""
     log.unlink(missing_ok=True)
     log.touch()
+    Path(f"{log}.env").unlink(missing_ok=True)
     full_env = {"PATH": f"{stubs}:/usr/bin:/bin", "STUB_LOG": str(log), "HOME": str(script.parent)}
     full_env |= env or {}
     proc = subprocess.run(
@@ -56,6 +61,12 @@ def run_with_stubs(
     )
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     return proc, calls
+
+
+def logged_env(log: Path) -> list[dict[str, str]]:
+    """The API-key variables each stubbed call saw (in call order), from the last run_with_stubs."""
+    path = Path(f"{log}.env")
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def bash_syntax_ok(script: Path) -> subprocess.CompletedProcess:

@@ -26,7 +26,7 @@ QWEN = "Qwen/Qwen2.5-7B-Instruct"  # bundled preset: 28 attention heads, 4 KV he
         ("trtllm", "org/model-GGUF", "Q4_K_M", r"TensorRT-LLM cannot serve 'Q4_K_M'.*ModelOpt"),
         ("embedded", LLAMA, "awq", r"Embedded engine cannot serve 'awq'.*vLLM"),
         ("llamacpp", LLAMA, "bf16", r"llama\.cpp runs GGUF files only; choose a GGUF quantization"),
-        ("vllm", "org/model-GGUF", "Q4_K_M", r"vLLM loads GGUF from a local \.gguf file"),
+        ("vllm", "org/model-GGUF", "Q4_K_M", r"vLLM 0\.33 no longer loads GGUF; write a dense folder"),
     ],
 )
 def test_engine_quantization_pairs_that_cannot_work(engine, model, quant, expected):
@@ -120,10 +120,11 @@ def test_formats_and_engines_that_cannot_express_the_plan(req, engines, formats,
 def test_all_skips_what_cannot_work_and_says_why():
     req = PlanRequest(model="bartowski/Llama-3.2-1B-Instruct-GGUF", quant="Q4_K_M", max_model_len=4096)
     files = export_files(req, ExportOptions(), engines="all", formats=["shell"])
-    assert {path.split("/")[0] for path in files if "/" in path} == {"sglang", "llamacpp", "ollama"}
+    assert {path.split("/")[0] for path in files if "/" in path} == {"llamacpp", "ollama"}
+    assert "- sglang / all: SGLang loads GGUF from one local .gguf file" in files["README.md"]
     readme = files["README.md"]
-    assert "- tgi / shell: TGI cannot serve 'Q4_K_M'" in readme
-    assert "- mii / shell: DeepSpeed-MII cannot serve" in readme
+    assert "- tgi / all: TGI cannot serve 'Q4_K_M'" in readme
+    assert "- mii / all: DeepSpeed-MII cannot serve" in readme
     req = PlanRequest(model=LLAMA, max_model_len=4096)
     with pytest.raises(ValueError, match="TGI has no Python API export"):
         export_files(req, ExportOptions(), ["vllm", "tgi"], ["shell", "python"])

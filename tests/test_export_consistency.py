@@ -17,9 +17,9 @@ from tests.export_utils import flag_value, make_stubs, run_with_stubs, write_fil
 # engine -> (tensor parallel, max model length, max sequences, batched tokens) flags
 FLAGS = {
     "vllm": ("--tensor-parallel-size", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens"),
-    "sglang": ("--tp", "--context-length", "--max-running-requests", "--chunked-prefill-size"),
+    "sglang": ("--tp-size", "--context-length", "--max-running-requests", "--chunked-prefill-size"),
     "trtllm": ("--tp_size", "--max_seq_len", "--max_batch_size", "--max_num_tokens"),
-    "tgi": ("--num-shard", "--max-total-tokens", "--max-concurrent-requests", "--max-batch-prefill-tokens"),
+    "tgi": ("--num-shard", "--max-total-tokens", "--max-batch-prefill-tokens"),
     "mii": ("--tensor-parallel", "--max-length", None, None),
 }
 

@@ -14,7 +14,7 @@ import yaml
 from backend.export import ExportOptions, export_files
 from backend.export.base import shell_command, shell_script
 from backend.planner.request import PlanRequest
-from tests.export_utils import flag_value, make_stubs, run_with_stubs, write_files
+from tests.export_utils import flag_value, logged_env, make_stubs, run_with_stubs, write_files
 
 ENGINE_PROGRAM = {
     "vllm": "vllm", "sglang": "python", "trtllm": "trtllm-serve", "tgi": "text-generation-launcher",
@@ -48,6 +48,9 @@ def hostile_export(markers, engine: str):
     return req, options, export_files(req, options, engines=[engine], formats=formats)
 
 
+KEY_FROM_ENV = {"vllm": "VLLM_API_KEY", "tgi": "API_KEY", "llamacpp": "LLAMA_API_KEY"}
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm", "tgi", "mii", "llamacpp", "embedded"])
 def test_hostile_values_arrive_as_one_argument(sandbox, engine):
     root, markers, stubs = sandbox
@@ -63,17 +66,24 @@ def test_hostile_values_arrive_as_one_argument(sandbox, engine):
         argv = calls[-1]
         if script == "client.sh":
             body = json.loads(flag_value(argv, "-d"))
-            assert body["model"] == (req.model if engine in ("mii", "trtllm") else options.served_model_name)
+            assert body["model"] == (
+                req.model if engine in ("mii", "trtllm", "tgi") else options.served_model_name
+            )
             if options.api_key_env:
                 assert "Authorization: Bearer k3y $(touch {markers}/key)" in argv
             continue
         expected_program = "docker" if script == "docker.sh" else ENGINE_PROGRAM[engine]
         assert argv[0] == expected_program
         assert req.model in argv, f"{engine}/{script}: model split or altered: {argv}"
-        if engine not in ("mii", "trtllm"):  # these answer to the model id only
+        if engine not in ("mii", "trtllm", "tgi"):  # these answer to the model id only
             assert options.served_model_name in argv
         if engine == "embedded":  # our server reads the key itself from the variable it is told
             assert flag_value(argv, "--api-key-env") == "SERVER_KEY"
+        elif engine in KEY_FROM_ENV:  # read from the engine's variable: never on a command line
+            assert env["SERVER_KEY"] not in " ".join(argv)
+            assert logged_env(root / "log.jsonl")[-1][KEY_FROM_ENV[engine]] == env["SERVER_KEY"]
+            if script == "docker.sh":
+                assert flag_value(argv, "-e") and KEY_FROM_ENV[engine] in argv
         elif engine != "trtllm":  # the key's value, expanded once by bash and never evaluated
             assert env["SERVER_KEY"] in argv
         if engine == "vllm":

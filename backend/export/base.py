@@ -37,6 +37,7 @@ class ExportOptions:
     speculative_model: str | None = None  # draft or EAGLE head (Hub id or path)
     num_speculative_tokens: int = 3
     gpus_per_node: int = 8  # above this many GPUs per replica the deployment spans nodes
+    enforce_eager: bool = False  # vLLM/SGLang: no CUDA graphs or torch.compile (faster start, slower decode)
 
 
 @dataclass(slots=True)

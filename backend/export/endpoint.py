@@ -9,13 +9,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from types import ModuleType
 
 from backend.export.base import EnvRef
-from backend.export.engine import Unsupported
+from backend.export.engine import Exporter, Unsupported
 from backend.export.plan import ExportPlan
 
-ENGINES = ("vllm", "sglang", "tgi", "llamacpp")
 INSTANCE_TYPES = {"T4": "nvidia-t4", "L4": "nvidia-l4", "A10G": "nvidia-a10g", "L40S": "nvidia-l40s",
                   "A100": "nvidia-a100", "H100": "nvidia-h100", "H200": "nvidia-h200"}  # fmt: skip
 SIZES = {1: "x1", 2: "x2", 4: "x4", 8: "x8"}
@@ -35,17 +33,20 @@ def instance(plan: ExportPlan) -> tuple[str, str]:
     return INSTANCE_TYPES[family], SIZES[plan.gpus_per_replica]
 
 
-def endpoint_json(plan: ExportPlan, mod: ModuleType) -> str:
-    info = mod.INFO
-    if info.name not in ENGINES:
-        raise Unsupported(f"the Endpoint payload is exported for {', '.join(ENGINES)}; not for {info.title}")
+def endpoint_json(plan: ExportPlan, engine: Exporter) -> str:
+    info = engine.INFO
+    if not info.hf_endpoint:
+        raise Unsupported(
+            f"{info.title} is not exported as an Inference Endpoint; use vLLM, SGLang, TGI or llama.cpp"
+        )
     if plan.local:
         raise Unsupported("Inference Endpoints serve a Hub repository; push the local model to the Hub first")
     instance_type, size = instance(plan)
+    # Endpoints download the repository to /repository; GGUF engines pick their file from the Hub themselves
     container = (
-        plan if info.name == "llamacpp" else dataclasses.replace(plan, model="/repository", local=True)
+        plan if plan.quant == "gguf" else dataclasses.replace(plan, checkpoint="/repository", local=True)
     )
-    argv = mod.command(container, "0.0.0.0", info.container_port)[len(info.entrypoint) :]
+    argv = engine.container_args(container)
     # drop the API key flag and its value: the endpoint is guarded by Hugging Face tokens instead
     args = [
         token
@@ -62,7 +63,7 @@ def endpoint_json(plan: ExportPlan, mod: ModuleType) -> str:
         },
         "model": {
             "framework": "pytorch",
-            "repository": plan.model,
+            "repository": plan.checkpoint,
             "revision": plan.req.revision,
             "image": {
                 "custom": {"url": info.image, "health_route": info.health_path, "port": info.container_port}

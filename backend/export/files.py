@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import zipfile
 from collections.abc import Callable, Sequence
-from types import ModuleType
 
 from backend.export import (
     compose,
@@ -23,16 +22,16 @@ from backend.export import (
     vllm,
 )
 from backend.export.base import ExportOptions, Skipped, shell_command
-from backend.export.engine import Unsupported
+from backend.export.engine import Exporter, Unsupported
 from backend.export.plan import ExportPlan, resolve
 from backend.planner.request import PlanRequest
 
-MODULES: dict[str, ModuleType] = {
-    m.INFO.name: m for m in (vllm, sglang, trtllm, tgi, mii, llamacpp, ollama, embedded)
+EXPORTERS: dict[str, Exporter] = {
+    m.EXPORTER.INFO.name: m.EXPORTER for m in (vllm, sglang, trtllm, tgi, mii, llamacpp, ollama, embedded)
 }
-ENGINES = tuple(MODULES)
+ENGINES = tuple(EXPORTERS)
 # format -> (file name, builder). "shell" also writes the client snippets.
-BUILDERS: dict[str, tuple[str, Callable[[ExportPlan, ModuleType], str]]] = {
+BUILDERS: dict[str, tuple[str, Callable[[ExportPlan, Exporter], str]]] = {
     "shell": ("launch.sh", scripts.launch_sh),
     "docker": ("docker.sh", scripts.docker_sh),
     "python": ("python.py", scripts.python_py),
@@ -70,30 +69,29 @@ def expand(values: Sequence[str] | str, allowed: tuple[str, ...], what: str) -> 
 
 
 def engine_files(
-    plan: ExportPlan, mod: ModuleType, formats: list[str], skipped: list[Skipped]
+    plan: ExportPlan, engine: Exporter, formats: list[str], skipped: list[Skipped]
 ) -> dict[str, str]:
-    name = mod.INFO.name
+    name = engine.INFO.name
+    engine.check(plan)
     files: dict[str, str] = {}
     for fmt in formats:
         if fmt == "space":
             continue
         filename, build = BUILDERS[fmt]
         try:
-            files[f"{name}/{filename}"] = build(plan, mod)
+            files[f"{name}/{filename}"] = build(plan, engine)
         except Unsupported as err:
             skipped.append(Skipped(name, fmt, str(err)))
     if files:
-        if hasattr(mod, "extra_files"):
-            files |= {f"{name}/{path}": text for path, text in mod.extra_files(plan).items()}
-        files[f"{name}/client.sh"] = scripts.client_sh(plan, mod)
-        files[f"{name}/client.py"] = scripts.client_py(plan, mod)
+        files |= {f"{name}/{path}": text for path, text in engine.extra_files(plan).items()}
+        files[f"{name}/client.sh"] = scripts.client_sh(plan, engine)
+        files[f"{name}/client.py"] = scripts.client_py(plan, engine)
     return files
 
 
 def main_command(plan: ExportPlan, engine: str) -> str:
     """The engine's launch command as one bash command line (what the CLI prints)."""
-    mod = MODULES[engine]
-    return shell_command(mod.command(plan, plan.options.host, plan.options.port))
+    return shell_command(EXPORTERS[engine].command(plan, plan.options.host, plan.options.port))
 
 
 def export_files(
@@ -117,7 +115,7 @@ def export_files(
     skipped: list[Skipped] = []
     for engine in chosen_engines:
         try:
-            files |= engine_files(plan, MODULES[engine], chosen_formats, skipped)
+            files |= engine_files(plan, EXPORTERS[engine], chosen_formats, skipped)
         except Unsupported as err:
             skipped.append(Skipped(engine, "all", str(err)))
     if "space" in chosen_formats:
@@ -172,8 +170,8 @@ def readme(plan: ExportPlan, files: dict[str, str], skipped: list[Skipped]) -> s
         what = DESCRIPTIONS.get(name, "Hugging Face Space bundle" if path.startswith("space/") else "")
         lines.append(f"- `{path}`: {what}")
     for engine in dict.fromkeys(path.split("/")[0] for path in files):
-        if engine in MODULES:
-            info = MODULES[engine].INFO
+        if engine in EXPORTERS:
+            info = EXPORTERS[engine].INFO
             lines += ["", f"## {info.title} ({engine}/)", "", f"Targets {info.title} {info.version}."]
             lines += [f"> **Note:** {note}" for note in info.notes]
     if plan.warnings:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from backend.export.base import ExportOptions, check_model, check_options, check_revision, is_local_path
 from backend.planner.request import PlanRequest
@@ -41,6 +42,26 @@ def quant_family(quant: str) -> str:
     )
 
 
+# The usual Hub naming of quantized checkpoints, per family (the Plan tab suggests these).
+CHECKPOINT_SUFFIX = {
+    "awq": "-AWQ", "gptq": "-GPTQ-Int4", "fp8": "-FP8", "int8": "-quantized.w8a8", "nvfp4": "-NVFP4",
+    "mxfp4": "-MXFP4", "bitsandbytes": "-bnb-4bit",
+}  # fmt: skip
+# Words in a repo id that say it already holds weights of that family.
+CHECKPOINT_MARKERS = {
+    "awq": ("awq",), "gptq": ("gptq",), "fp8": ("fp8",), "int8": ("w8a8", "int8"), "nvfp4": ("nvfp4", "fp4"),
+    "mxfp4": ("mxfp4", "gpt-oss"), "bitsandbytes": ("bnb", "4bit", "nf4"),
+}  # fmt: skip
+
+
+def suggest_checkpoint(model: str, quant: str) -> str | None:
+    """The usual name of `model`'s checkpoint in the quantization's family (None: no suffix convention)."""
+    family = quant_family(quant)
+    if family not in CHECKPOINT_SUFFIX or is_local_path(model):
+        return None
+    return model + CHECKPOINT_SUFFIX[family]
+
+
 def gguf_type(quant: str) -> str | None:
     """'Q4_K_M' for 'gguf-q4_k_m' / 'Q4_K_M'; None when the key names no GGUF type."""
     match = GGUF_TYPE.match(quant.strip())
@@ -68,7 +89,31 @@ class ExportPlan:
     weights_bytes: int | None  # per GPU
     gpu_memory_bytes: int | None
     max_num_seqs: int
+    checkpoint: str = ""  # what the engines load: the quantized checkpoint when the plan names one
+    kv_cache_tokens: int | None = None  # per replica, from the estimate
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def has_quantized_checkpoint(self) -> bool:
+        """The weights the engines load are already in the plan's quantization family."""
+        if self.checkpoint != self.model or self.quant in ("none", "gguf"):
+            return True
+        name = self.model.lower()
+        return any(marker in name for marker in CHECKPOINT_MARKERS.get(self.quant, ()))
+
+    def suggested_checkpoint(self) -> str:
+        return suggest_checkpoint(self.model, self.req.quant) or f"{self.model}-{self.quant.upper()}"
+
+    def container_gpus(self, native_dp: bool) -> int:
+        """GPUs one container (or pod) of the engine needs: a replica's, times dp when it runs them all."""
+        return self.gpus_per_replica * (self.dp if native_dp else 1)
+
+    @property
+    def local_model_dir(self) -> str | None:
+        """The folder a container mounts for a local model (the model's, or the one holding the .gguf)."""
+        if not self.local:
+            return None
+        return str(Path(self.checkpoint).parent) if self.checkpoint.endswith(".gguf") else self.checkpoint
 
     @property
     def gpus_per_replica(self) -> int:
@@ -143,6 +188,7 @@ def resolve(req: PlanRequest, options: ExportOptions) -> ExportPlan:
     req = with_scheduler_defaults(req)  # the engine's own max_num_seqs / max_num_batched_tokens where unset
     check_options(options)
     model = check_model("model", req.model)
+    checkpoint = check_model("quantized checkpoint", req.checkpoint) if req.checkpoint else model
     check_revision(req.revision)
     if req.pp < 1 or req.dp < 1 or req.num_gpus < 1 or (req.tp is not None and req.tp < 1):
         raise ValueError("num_gpus, tp, pp and dp must each be at least 1")
@@ -177,7 +223,7 @@ def resolve(req: PlanRequest, options: ExportOptions) -> ExportPlan:
         req=req,
         options=options,
         model=model,
-        local=is_local_path(model),
+        local=is_local_path(checkpoint),
         served_name=options.served_model_name or model,
         tp=tp,
         pp=pp,
@@ -191,5 +237,7 @@ def resolve(req: PlanRequest, options: ExportOptions) -> ExportPlan:
         weights_bytes=est.get("weights_bytes"),
         gpu_memory_bytes=est.get("gpu_memory_bytes"),
         max_num_seqs=req.max_num_seqs,
+        checkpoint=checkpoint,
+        kv_cache_tokens=est.get("kv_cache_tokens"),
         warnings=warnings,
     )

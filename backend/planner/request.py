@@ -40,6 +40,7 @@ class PlanRequest:
     gpu_memory_utilization: float = 0.92
     engine: str = "vllm"
     revision: str | None = None
+    checkpoint: str | None = None  # Hub id or path holding the weights in `quant` (...-AWQ); None = model
     max_num_seqs: int | None = None  # None = the engine's default
     max_num_batched_tokens: int | None = None  # None = the engine's default
     block_size: int = 16
