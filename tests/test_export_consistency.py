@@ -19,7 +19,7 @@ FLAGS = {
     "vllm": ("--tensor-parallel-size", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens"),
     "sglang": ("--tp-size", "--context-length", "--max-running-requests", "--chunked-prefill-size"),
     "trtllm": ("--tp_size", "--max_seq_len", "--max_batch_size", "--max_num_tokens"),
-    "tgi": ("--num-shard", "--max-total-tokens", "--max-batch-prefill-tokens"),
+    "tgi": ("--num-shard", "--max-total-tokens", None, "--max-batch-prefill-tokens"),
     "mii": ("--tensor-parallel", "--max-length", None, None),
 }
 
@@ -44,8 +44,9 @@ def test_gpu_engines_agree_on_parallelism_lengths_and_kv_cache(tmp_path):
         argv = launched_argv(files, engine, tmp_path / engine)
         assert int(flag_value(argv, tp_flag)) == 2, engine
         assert int(flag_value(argv, len_flag)) == 8192, engine
-        if seqs_flag:
+        if seqs_flag:  # TGI sizes its batches itself: no flag carries max_num_seqs
             assert int(flag_value(argv, seqs_flag)) == 128, engine
+        if tokens_flag:
             assert int(flag_value(argv, tokens_flag)) == 4096, engine
         if engine == "vllm":
             assert float(flag_value(argv, "--gpu-memory-utilization")) == 0.9

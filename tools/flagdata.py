@@ -10,6 +10,10 @@ ENGINE and SOURCE_PATH:
   llamacpp  the llama.cpp folder (reads common/arg.cpp and common/speculative.cpp)
   trtllm    tensorrt_llm/commands/serve.py
 
+`python tools/flagdata.py vllm-argparse < ARGVS.json`, run with a Python that has vLLM installed, parses
+each argument list with that vLLM's real `vllm serve` parser and prints what the parser accepts: the
+tests compare it with the extraction from the same source.
+
 The output lists every option string (`options`), options that the engine still parses only to stop with
 "removed" (`removed`), and the allowed values of the enumerated ones (`choices`). tests/test_export_flags.py
 checks every exported command against these files; when an engine module's target version changes,
@@ -55,6 +59,18 @@ def add_argument_flags(tree: ast.AST) -> set[str]:
     return flags
 
 
+def explicit_actions(tree: ast.AST) -> set[str]:
+    """Flags declared with a plain action such as "store_true" (they get no --no-x form)."""
+    flags: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+            if any(k.arg == "action" and isinstance(k.value, ast.Constant) for k in node.keywords):
+                flags |= {
+                    a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                }
+    return flags
+
+
 def bool_fields(trees: list[ast.AST]) -> set[str]:
     """Dataclass fields annotated bool (vLLM makes each one a --x / --no-x pair)."""
     names: set[str] = set()
@@ -76,7 +92,7 @@ def vllm(root: Path) -> dict:
     files = [
         root / "engine" / "arg_utils.py",
         *cli_files,
-        *sorted((root / "entrypoints" / "cli").glob("*.py")),
+        root / "entrypoints" / "cli" / "serve.py",
     ]
     trees = [parse(f) for f in files]
     config_trees = [parse(f) for f in sorted((root / "config").glob("*.py"))]
@@ -89,7 +105,8 @@ def vllm(root: Path) -> dict:
                 if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
             }
     bools = bool_fields(trees + config_trees)
-    flags |= {"--no-" + f[2:] for f in flags if f[2:].replace("-", "_") in bools}
+    explicit = set().union(*(explicit_actions(t) for t in trees))  # e.g. action="store_true": no --no-x
+    flags |= {"--no-" + f[2:] for f in flags if f[2:].replace("-", "_") in bools and f not in explicit}
     quant = assignments(parse(root / "model_executor" / "layers" / "quantization" / "__init__.py"))
     cache, model = (assignments(parse(root / "config" / n)) for n in ("cache.py", "model.py"))
     choices = {
@@ -203,8 +220,8 @@ def llamacpp(root: Path) -> dict:
         names = re.findall(r'"(-[^"]+)"', block.split("}", 1)[0])
         tail = block.split("));", 1)[0] if "));" in block else block
         examples = re.search(r"set_examples\(\{([^}]*)\}", tail)
-        if examples and "LLAMA_EXAMPLE_SERVER" not in examples.group(1):
-            continue
+        if examples and not re.search(r"LLAMA_EXAMPLE_(SERVER|COMMON)\b", examples.group(1)):
+            continue  # options of other tools (llama-cli, ...); COMMON ones apply to every tool
         (removed if "arg_removed(" in tail else flags).update(names)
     kv_types = re.search(r"kv_cache_types = \{(.*?)\};", text, re.S).group(1)
     cache = [t.lower() for t in re.findall(r"GGML_TYPE_(\w+)", kv_types)]
@@ -234,10 +251,34 @@ def trtllm(serve_py: Path) -> dict:
     return {"options": sorted(flags), "removed": [], "choices": choices}
 
 
+def vllm_argparse(argvs: list[list[str]]) -> dict:
+    """The installed vLLM's own `vllm serve` parser (run with the Python that has vLLM); each of `argvs`
+    (`vllm serve` arguments, the model first) is parsed with it, and a rejected one stops with its error."""
+    from vllm.entrypoints.cli import serve
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = serve.make_arg_parser(FlexibleArgumentParser())
+    for argv in argvs:
+        parser.parse_args([*argv[1:], "--model", argv[0]])
+    options: set[str] = set()
+    choices: dict[str, list[str]] = {}
+    for action in parser._actions:
+        options |= set(action.option_strings)
+        if action.choices and {"--quantization", "--kv-cache-dtype", "--dtype"} & set(action.option_strings):
+            choices |= dict.fromkeys(action.option_strings, sorted(map(str, action.choices)))
+    # --quantization takes any string at parse time; vLLM checks it against this list when it starts
+    choices |= dict.fromkeys(("--quantization", "-q"), sorted(QUANTIZATION_METHODS))
+    return {"options": sorted(options), "removed": [], "choices": choices}
+
+
 EXTRACTORS = {"vllm": vllm, "sglang": sglang, "tgi": tgi, "llamacpp": llamacpp, "trtllm": trtllm}
 
 
 def main(argv: list[str]) -> int:
+    if argv == ["vllm-argparse"]:  # stdin: a JSON list of argument lists to parse (may be empty)
+        print(json.dumps(vllm_argparse(json.loads(sys.stdin.read() or "[]"))))
+        return 0
     if len(argv) != 4 or argv[0] not in EXTRACTORS:
         print(__doc__, file=sys.stderr)
         return 2
