@@ -63,11 +63,9 @@ def explicit_actions(tree: ast.AST) -> set[str]:
     """Flags declared with a plain action such as "store_true" (they get no --no-x form)."""
     flags: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
-            if any(k.arg == "action" and isinstance(k.value, ast.Constant) for k in node.keywords):
-                flags |= {
-                    a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
-                }
+        is_call = isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"
+        if is_call and any(k.arg == "action" and isinstance(k.value, ast.Constant) for k in node.keywords):
+            flags |= {a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)}
     return flags
 
 
