@@ -8,6 +8,8 @@ keeps its own cache (an emptyDir). Secrets are referenced, never written:
 
 from __future__ import annotations
 
+import shlex
+
 from backend.export.base import EnvRef, dump_yaml_all, k8s_token, shell_command
 from backend.export.engine import Exporter, Unsupported
 from backend.export.plan import ExportPlan
@@ -76,10 +78,8 @@ def server_container(plan: ExportPlan, engine: Exporter) -> dict:
     container["readinessProbe"] = probe(engine, 10, 3)
     container["livenessProbe"] = probe(engine, 30, 3)
     if steps := engine.post_start(plan):
-        ready = shell_command(engine.ready_check(), indent="")
-        script = f"until {ready} >/dev/null 2>&1; do sleep 1; done; " + "; ".join(
-            shell_command(step, indent="") for step in steps
-        )
+        ready = shlex.join(engine.ready_check())
+        script = f"until {ready} >/dev/null 2>&1; do sleep 1; done; " + "; ".join(map(shlex.join, steps))
         container["lifecycle"] = {"postStart": {"exec": {"command": ["sh", "-c", script]}}}
     return container
 

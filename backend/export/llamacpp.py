@@ -48,12 +48,12 @@ KV = {
 def parallel_slots(plan: ExportPlan) -> int:
     """Slots (-np): the plan's concurrency, capped by max_num_seqs and by the KV cache that fits."""
     slots = max(1, min(plan.max_num_seqs, plan.req.concurrency))
-    if plan.kv_cache_tokens is not None:
-        slots = min(slots, plan.kv_cache_tokens // plan.max_model_len)
+    if plan.kv_capacity_tokens is not None:
+        slots = min(slots, plan.kv_capacity_tokens // plan.max_model_len)
     if slots < 1:
         raise Unsupported(
             f"one sequence of max_model_len={plan.max_model_len} tokens needs more KV cache than fits "
-            f"({plan.kv_cache_tokens} tokens by the planner's estimate); lower max_model_len, quantize "
+            f"({plan.kv_capacity_tokens} tokens by the planner's estimate); lower max_model_len, quantize "
             "the KV cache, or use more or larger GPUs"
         )
     return slots

@@ -90,7 +90,7 @@ class ExportPlan:
     gpu_memory_bytes: int | None
     max_num_seqs: int
     checkpoint: str = ""  # what the engines load: the quantized checkpoint when the plan names one
-    kv_cache_tokens: int | None = None  # per replica, from the estimate
+    kv_capacity_tokens: int | None = None  # KV tokens that fit beside weights and activations (estimate)
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -183,6 +183,15 @@ def check_heads(spec, tp: int) -> None:
         )
 
 
+def kv_capacity_tokens(est: dict) -> int | None:
+    """Tokens of KV cache one GPU holds beside the weights, activations and overhead (None: no estimate)."""
+    keys = ("gpu_memory_bytes", "weights_bytes", "activation_bytes", "overhead_bytes", "kv_bytes_per_token")
+    if not all(est.get(k) is not None for k in keys) or not est["kv_bytes_per_token"]:
+        return None
+    free = est["gpu_memory_bytes"] - est["weights_bytes"] - est["activation_bytes"] - est["overhead_bytes"]
+    return max(int(free // est["kv_bytes_per_token"]), 0)
+
+
 def resolve(req: PlanRequest, options: ExportOptions) -> ExportPlan:
     """Check the request and options; ValueError names what to change."""
     req = with_scheduler_defaults(req)  # the engine's own max_num_seqs / max_num_batched_tokens where unset
@@ -238,6 +247,6 @@ def resolve(req: PlanRequest, options: ExportOptions) -> ExportPlan:
         gpu_memory_bytes=est.get("gpu_memory_bytes"),
         max_num_seqs=req.max_num_seqs,
         checkpoint=checkpoint,
-        kv_cache_tokens=est.get("kv_cache_tokens"),
+        kv_capacity_tokens=kv_capacity_tokens(est),
         warnings=warnings,
     )
