@@ -26,6 +26,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--dp", type=int, default=1, help="data parallel replicas")
     plan.add_argument("--enable-expert-parallel", action="store_true")
     plan.add_argument("--quant", default="auto", help="auto (as stored), bf16, fp8, awq, gptq, Q4_K_M, ...")
+    plan.add_argument(
+        "--checkpoint", default=None, help="Hub id or path holding the --quant weights (e.g. MODEL-AWQ)"
+    )
     plan.add_argument("--kv-cache-dtype", default="auto")
     plan.add_argument("--max-model-len", type=int, default=None)
     plan.add_argument("--input-len", type=int, default=1024)
@@ -57,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--speculative-model", default=None)
     serve.add_argument("--num-speculative-tokens", type=int, default=3)
     serve.add_argument("--gpus-per-node", type=int, default=8)
+    serve.add_argument(
+        "--enforce-eager", action="store_true", help="vLLM/SGLang: no CUDA graphs (faster start)"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -71,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
         output_len=args.output_len, concurrency=args.concurrency,
         gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
-        enable_prefix_caching=args.enable_prefix_caching,
+        enable_prefix_caching=args.enable_prefix_caching, checkpoint=args.checkpoint,
         engine=args.engine[0] if args.engine[0] != "all" else "vllm",
     )  # fmt: skip
     options = ExportOptions(
@@ -80,6 +86,7 @@ def main(args: argparse.Namespace) -> int:
         hf_token_env=args.hf_token_env, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
         speculative_method=args.speculative_method, speculative_model=args.speculative_model,
         num_speculative_tokens=args.num_speculative_tokens, gpus_per_node=args.gpus_per_node,
+        enforce_eager=args.enforce_eager,
     )  # fmt: skip
     try:
         files = export_files(req, options, engines=args.engine, formats=args.format)
