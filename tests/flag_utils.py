@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from backend.export.files import EXPORTERS
-from tests.conftest import ROOT
+from tests.common_utils import ROOT
 
 FLAG_DATA = ROOT / "tests" / "data" / "engine_flags"
 _spec = importlib.util.spec_from_file_location("flagdata", ROOT / "tools" / "flagdata.py")

@@ -14,7 +14,7 @@ import pytest
 from backend.export import ExportOptions, export_files
 from backend.export.files import EXPORTERS
 from backend.planner.request import PlanRequest
-from tests.conftest import ROOT
+from tests.common_utils import ROOT
 from tests.flag_utils import CHECKED_ENGINES, FLAG_DATA, FlagCheck, flag_data, flagdata, invocations
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"

@@ -11,7 +11,7 @@ import yaml
 
 from backend.export import ExportOptions, export_files
 from backend.planner.request import PlanRequest
-from tests.export_helpers import write_files
+from tests.export_utils import write_files
 
 PLANS = [
     (

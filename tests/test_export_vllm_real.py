@@ -21,8 +21,8 @@ from openai import OpenAI
 from backend.bench.monitor import MetricsPoller
 from backend.export import ExportOptions, export_files
 from backend.planner.request import PlanRequest
-from tests.conftest import ROOT, free_port
-from tests.export_helpers import write_files
+from tests.common_utils import ROOT, free_port
+from tests.export_utils import write_files
 
 VLLM_BIN = ROOT / ".venv-vllm" / "bin"
 KEY = "test-key-not-a-secret"

@@ -168,14 +168,16 @@ def compose_token(token: Token) -> str:
     """A value in a compose file: ``$`` doubled so compose does not interpolate it; EnvRef interpolates."""
     if isinstance(token, EnvRef):
         return f"${{{token.name}:?set {token.name} first}}"
-    return token.replace("$", "$$")
+    text = token.text if isinstance(token, Raw) else token
+    return text.replace("$", "$$")
 
 
 def k8s_token(token: Token) -> str:
     """A container arg in Kubernetes: ``$(VAR)`` is expanded from the container env, ``$$`` escapes it."""
     if isinstance(token, EnvRef):
         return f"$({token.name})"
-    return token.replace("$(", "$$(")
+    text = token.text if isinstance(token, Raw) else token
+    return text.replace("$(", "$$(")
 
 
 def env_names(argv: list[Token]) -> list[str]:

@@ -28,7 +28,10 @@ class EmbeddedExporter(Exporter):
 
     def check(self, plan: ExportPlan) -> None:
         map_quant(
-            plan, INFO, QUANT, "It loads safetensors or GGUF files; use vLLM for AWQ, GPTQ or FP8 checkpoints."
+            plan,
+            INFO,
+            QUANT,
+            "It loads safetensors or GGUF files; use vLLM for AWQ, GPTQ or FP8 checkpoints.",
         )
         map_kv(plan, INFO, KV)
         refuse_speculative(plan, INFO)
@@ -53,7 +56,7 @@ class EmbeddedExporter(Exporter):
             dtype=plan.options.dtype,
             max_model_len=plan.max_model_len,
             max_num_seqs=plan.max_num_seqs,
-            max_num_batched_tokens=plan.req.max_num_batched_tokens,
+            max_num_batched_tokens=plan.max_num_batched_tokens,
             block_size=plan.req.block_size,
             enable_prefix_caching=plan.req.enable_prefix_caching,
             trust_remote_code=plan.options.trust_remote_code,

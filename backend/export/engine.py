@@ -7,6 +7,7 @@ they are building for: whatever differs is a hook or an `EngineInfo` field.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -91,7 +92,7 @@ class Exporter:
 
 
 def map_quant(
-    plan: ExportPlan, engine: EngineInfo, table: dict[str, str | None], alternative: str
+    plan: ExportPlan, engine: EngineInfo, table: Mapping[str, str | None], alternative: str
 ) -> str | None:
     """The engine's name for the plan's quantization family (None = no flag); Unsupported otherwise."""
     if plan.quant not in table:
@@ -104,7 +105,7 @@ def map_quant(
     return table[plan.quant]
 
 
-def map_kv(plan: ExportPlan, engine: EngineInfo, table: dict[str, str | None]) -> str | None:
+def map_kv(plan: ExportPlan, engine: EngineInfo, table: Mapping[str, str | None]) -> str | None:
     """The engine's KV-cache dtype name (None = the engine's default); Unsupported otherwise."""
     dtype = plan.kv_cache_dtype
     if dtype not in table:

@@ -18,7 +18,7 @@ CACHE_SIZE = "200Gi"
 
 
 def secret_env(name: str, secret: str, key: str, optional: bool = False) -> dict:
-    ref: dict = {"name": secret, "key": key}
+    ref: dict[str, str | bool] = {"name": secret, "key": key}
     if optional:
         ref["optional"] = True
     return {"name": name, "valueFrom": {"secretKeyRef": ref}}
@@ -44,7 +44,10 @@ def probe(engine: Exporter, period: int, failures: int) -> dict:
 def pod_spec(plan: ExportPlan, engine: Exporter, gpus: int, container: dict, shared_cache: bool) -> dict:
     info = engine.INFO
     container["resources"] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
-    mounts = [{"name": "cache", "mountPath": info.cache_dir}, {"name": "dshm", "mountPath": "/dev/shm"}]
+    mounts: list[dict] = [
+        {"name": "cache", "mountPath": info.cache_dir},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
     cache = (
         {"persistentVolumeClaim": {"claimName": f"{info.name}-cache"}}
         if shared_cache

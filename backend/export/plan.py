@@ -94,6 +94,11 @@ class ExportPlan:
     warnings: list[str] = field(default_factory=list)
 
     @property
+    def max_num_batched_tokens(self) -> int:
+        assert self.req.max_num_batched_tokens is not None  # resolve() filled the engine's default
+        return self.req.max_num_batched_tokens
+
+    @property
     def has_quantized_checkpoint(self) -> bool:
         """The weights the engines load are already in the plan's quantization family."""
         if self.checkpoint != self.model or self.quant in ("none", "gguf"):
@@ -245,7 +250,7 @@ def resolve(req: PlanRequest, options: ExportOptions) -> ExportPlan:
         kv_cache_bytes=est.get("kv_cache_bytes"),
         weights_bytes=est.get("weights_bytes"),
         gpu_memory_bytes=est.get("gpu_memory_bytes"),
-        max_num_seqs=req.max_num_seqs,
+        max_num_seqs=int(req.max_num_seqs or 1),  # with_scheduler_defaults filled an unset one
         checkpoint=checkpoint,
         kv_capacity_tokens=kv_capacity_tokens(est),
         warnings=warnings,
