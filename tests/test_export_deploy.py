@@ -139,3 +139,12 @@ def test_plan_suggests_the_usual_checkpoint_names():
     assert suggest_checkpoint("Qwen/Qwen2.5-7B-Instruct", "gptq-int4") == "Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4"
     assert suggest_checkpoint("Qwen/Qwen2.5-7B-Instruct", "fp8") == "Qwen/Qwen2.5-7B-Instruct-FP8"
     assert suggest_checkpoint("Qwen/Qwen2.5-7B-Instruct", "bf16") is None
+
+
+def test_one_engine_table_for_planner_export_and_ui():
+    from backend.engines import ENGINE_TRAITS, ENGINES
+    from backend.export import ENGINES as EXPORT_ENGINES
+    from backend.planner.request import ENGINES as PLANNER_ENGINES
+
+    assert ENGINES == EXPORT_ENGINES == PLANNER_ENGINES and set(EXPORTERS) == set(ENGINE_TRAITS)
+    assert all(EXPORTERS[name].INFO.title == ENGINE_TRAITS[name].title for name in ENGINES)

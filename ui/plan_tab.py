@@ -176,6 +176,19 @@ def search_hub(query: str):
     return gr.update(choices=ids, value=ids[0]), info_message(f"{len(ids)} models found; pick one")
 
 
+def checkpoint_hint(model: str, quant: str):
+    """The checkpoint field's placeholder: the usual name of the model in this quantization."""
+    from backend.export.plan import suggest_checkpoint
+
+    suggestion = suggest_checkpoint((model or "").strip(), quant or "auto")
+    return gr.update(placeholder=f"e.g. {suggestion}" if suggestion else "not needed for these weights")
+
+
+def with_checkpoint(plan: dict[str, Any] | None, checkpoint: str) -> dict[str, Any] | None:
+    """The plan state with the quantized checkpoint the export should serve (None: the model itself)."""
+    return {**plan, "checkpoint": (checkpoint or "").strip() or None} if plan else plan
+
+
 def build(ctx: AppContext, demo: gr.Blocks) -> gr.State:
     """The Plan tab; returns the state holding the last valid PlanRequest (as a dict) for other tabs."""
     from backend.planner import list_gpus, list_kv_cache_dtypes, list_presets, list_quantizations
@@ -201,6 +214,11 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.State:
                     ["auto", *list_quantizations()], value="auto", label="Weights (auto = as stored)"
                 )
                 kv_dtype = gr.Dropdown(list_kv_cache_dtypes(), value="auto", label="KV cache dtype")
+            checkpoint = gr.Textbox(
+                label="Quantized checkpoint (for the export)",
+                info="the Hub id or path holding weights in this quantization; empty = the model itself",
+                elem_id="plan-checkpoint",
+            )
             with gr.Row():
                 gpu = gr.Dropdown(
                     list_gpus(), value="H100-80GB", label="GPU", allow_custom_value=True, elem_id="plan-gpu"
@@ -250,7 +268,12 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.State:
         return estimate_plan(*values, ctx=ctx)
 
     for control in form:
-        control.change(on_change, form, outputs, show_progress="hidden")
+        control.change(on_change, form, outputs, show_progress="hidden").then(
+            with_checkpoint, [plan_state, checkpoint], plan_state
+        )
+    checkpoint.change(with_checkpoint, [plan_state, checkpoint], plan_state)
+    for control in (model, quant):
+        control.change(checkpoint_hint, [model, quant], checkpoint, show_progress="hidden")
     search.click(search_hub, query, [model, message])
     demo.load(on_change, form, outputs).then(hub_status, None, [hub, query, search])
     return plan_state

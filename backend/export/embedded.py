@@ -13,7 +13,6 @@ from backend.export.plan import ExportPlan
 
 INFO = EngineInfo(
     name="embedded",
-    title="Embedded engine",
     version="this checkout",
     pip="pip install -r requirements.txt",
     uses_gpu=False,

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 __all__ = ["EngineInfo", "Exporter", "Unsupported"]
 
+from backend.engines import ENGINE_TRAITS
 from backend.errors import Unsupported
 from backend.export.base import EnvRef, Token
 from backend.export.plan import ExportPlan
@@ -22,8 +23,7 @@ HF_CACHE = "/root/.cache/huggingface"
 
 @dataclass(slots=True, frozen=True)
 class EngineInfo:
-    name: str
-    title: str
+    name: str  # a row of backend/engines.ENGINE_TRAITS
     version: (
         str  # the engine release whose flags the module targets (tests/data/engine_flags/NAME-VERSION.json)
     )
@@ -45,6 +45,10 @@ class EngineInfo:
     cache_dir: str = HF_CACHE  # where the image keeps downloaded weights: a volume goes there
     runs_in_checkout: bool = False  # commands run from this project's checkout (the embedded engine)
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def title(self) -> str:
+        return ENGINE_TRAITS[self.name].title
 
 
 class Exporter:

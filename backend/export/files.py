@@ -6,6 +6,7 @@ import io
 import zipfile
 from collections.abc import Callable, Sequence
 
+from backend.engines import ENGINE_TRAITS
 from backend.export import (
     compose,
     embedded,
@@ -29,7 +30,7 @@ from backend.planner.request import PlanRequest
 EXPORTERS: dict[str, Exporter] = {
     m.EXPORTER.INFO.name: m.EXPORTER for m in (vllm, sglang, trtllm, tgi, mii, llamacpp, ollama, embedded)
 }
-ENGINES = tuple(EXPORTERS)
+ENGINES = tuple(name for name in ENGINE_TRAITS if name in EXPORTERS)  # the traits table's order
 # format -> (file name, builder). "shell" also writes the client snippets.
 BUILDERS: dict[str, tuple[str, Callable[[ExportPlan, Exporter], str]]] = {
     "shell": ("launch.sh", scripts.launch_sh),

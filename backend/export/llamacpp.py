@@ -24,7 +24,6 @@ from backend.export.plan import ExportPlan
 INFO = EngineInfo(
     name="llamacpp",
     hf_endpoint=True,
-    title="llama.cpp",
     version="b10398",
     image="ghcr.io/ggml-org/llama.cpp:server-cuda-b10398",
     entrypoint=("llama-server",),

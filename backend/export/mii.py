@@ -12,7 +12,6 @@ from backend.export.plan import ExportPlan
 
 INFO = EngineInfo(
     name="mii",
-    title="DeepSpeed-MII",
     version="0.3.3",
     pip="pip install deepspeed-mii==0.3.3",
     native_dp=True,

@@ -27,7 +27,6 @@ from backend.export.plan import ExportPlan
 
 INFO = EngineInfo(
     name="ollama",
-    title="Ollama",
     version="0.24.0",
     image="ollama/ollama:0.24.0",
     entrypoint=("ollama",),

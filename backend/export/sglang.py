@@ -22,7 +22,6 @@ from backend.export.plan import ExportPlan
 INFO = EngineInfo(
     name="sglang",
     hf_endpoint=True,
-    title="SGLang",
     version="0.5.23",
     image="lmsysorg/sglang:v0.5.23",
     container_port=30000,

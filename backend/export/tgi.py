@@ -26,7 +26,6 @@ from backend.export.plan import ExportPlan
 INFO = EngineInfo(
     name="tgi",
     hf_endpoint=True,
-    title="TGI",
     version="3.3.7",
     image="ghcr.io/huggingface/text-generation-inference:3.3.7",
     entrypoint=("text-generation-launcher",),

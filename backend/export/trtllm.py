@@ -24,7 +24,6 @@ from backend.export.plan import ExportPlan
 
 INFO = EngineInfo(
     name="trtllm",
-    title="TensorRT-LLM",
     version="1.2.1",
     image="nvcr.io/nvidia/tensorrt-llm/release:1.2.1",
     # NVIDIA's install steps: the MPI runtime first, then the wheel from NVIDIA's index

@@ -17,7 +17,6 @@ from backend.export.plan import ExportPlan
 INFO = EngineInfo(
     name="vllm",
     hf_endpoint=True,
-    title="vLLM",
     version="0.33.0",
     image="vllm/vllm-openai:v0.33.0",
     entrypoint=("vllm", "serve"),

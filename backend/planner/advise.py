@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from backend.engines import CPU_ENGINES  # engines that also run on a CPU-only host
 from backend.planner.catalog import GIB, get_quantization, list_gpus, list_quantizations
 from backend.planner.estimate import Estimate, estimate_for_spec
 from backend.planner.request import PlanRequest, resolve_quant
@@ -13,7 +14,6 @@ from backend.planner.sources import load_model_spec
 from backend.planner.specs import ModelSpec
 
 GPU_COUNTS = (1, 2, 4, 8)
-CPU_ENGINES = ("embedded", "llamacpp", "ollama")  # engines that also run on a CPU-only host
 # Quantizations the recommendation tries, from best quality down; each engine keeps those it loads.
 RECOMMEND_QUANTS = ("bf16", "fp8", "int8-w8a8", "awq-int4", "gguf-q8_0", "gguf-q4_k_m")
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from backend.engines import CONTEXT_ENGINES, GRAPH_ENGINES
 from backend.planner import memory
 from backend.planner.catalog import GIB, GPU, KVCacheDtype, Quantization
 from backend.planner.request import PlanRequest
 from backend.planner.specs import ModelSpec
 from backend.planner.vllm_rules import SchedulerLimits
 
-CONTEXT_ENGINES = ("llamacpp", "ollama")  # engines that allocate exactly the context they are given
-GRAPH_ENGINES = ("vllm", "sglang", "trtllm")  # engines that capture CUDA graphs
 LLAMA_UBATCH_LOGITS = memory.LLAMACPP_UBATCH * 4  # llama.cpp computes fp32 logits for a whole micro-batch
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from backend.engines import ENGINES
 from backend.errors import UserError
 from backend.planner.catalog import Quantization, get_quantization
 from backend.planner.specs import ModelSpec
 
-ENGINES = ("vllm", "sglang", "trtllm", "tgi", "mii", "llamacpp", "ollama", "embedded")
 USAGE_CONTEXTS = ("openai_api_server", "llm_class")  # vLLM's UsageContext: `vllm serve` or `LLM(...)`
 UsageContext = Literal["openai_api_server", "llm_class"]
 
