@@ -13,6 +13,7 @@ from backend.hf_reference import hf_chat_greedy, load_hf_model
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 
+@pytest.mark.slow
 def test_dense_folder_gives_the_gguf_greedy_tokens(default_dense_model):
     names = sorted(p.name for p in default_dense_model.iterdir())
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(names)

@@ -158,12 +158,14 @@ def installed_vllm_parser() -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.slow
 def test_vllm_exports_parse_with_the_installed_vllm(installed_vllm_parser):
     """Reaching here means vLLM 0.32's own argparse parsed every exported vLLM command of the matrix."""
     assert len(vllm_exports()) >= 10
     assert "--speculative-config" in installed_vllm_parser["options"]
 
 
+@pytest.mark.slow
 def test_static_extraction_matches_vllms_real_parser(installed_vllm_parser):
     """The extractor that wrote vllm-0.33.0.json, run on the installed vLLM's source, finds exactly the
     options and values of that vLLM's real argparse parser."""
