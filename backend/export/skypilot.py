@@ -53,9 +53,11 @@ def skypilot_yml(plan: ExportPlan, engine: Exporter) -> str:
             f"tp x pp = {plan.gpus_per_replica} GPUs exceeds one node ({plan.options.gpus_per_node}); "
             f"{info.title} is exported for one node only: use vLLM or lower tp/pp"
         )
-    if plan.nodes > 1 and plan.gpus_per_replica % plan.options.gpus_per_node:
-        raise Unsupported(f"across nodes tp x pp must fill whole nodes of {plan.options.gpus_per_node} GPUs")
-    gpus = min(plan.gpus_per_replica, plan.options.gpus_per_node) * (plan.dp if info.native_dp else 1)
+    if plan.nodes > 1 and (plan.gpus_per_replica % plan.options.gpus_per_node or plan.dp > 1):
+        raise Unsupported(
+            f"across nodes tp x pp must fill whole nodes of {plan.options.gpus_per_node} GPUs, with dp=1"
+        )
+    gpus = plan.container_gpus(info.native_dp) if plan.nodes == 1 else plan.options.gpus_per_node
     resources: dict = {"ports": plan.options.port}
     if info.uses_gpu:
         resources["accelerators"] = f"{accelerator(plan.req.gpu)}:{gpus}"
