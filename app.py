@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, str] = {
     "estimate": "backend.planner.cli",
     "serve": "backend.server.cli",
     "bench": "backend.bench.cli",
+    "compare": "backend.bench.compare_cli",
     "export": "backend.export.cli",
 }
 

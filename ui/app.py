@@ -1,6 +1,6 @@
-"""The web app: six tabs on one page, mounted with the OpenAI-compatible API on one FastAPI server.
+"""The web app: seven tabs on one page, mounted with the OpenAI-compatible API on one FastAPI server.
 
-/        the Gradio UI (Plan, Launch, Chat, Benchmark, Monitor, Export)
+/        the Gradio UI (Plan, Launch, Chat, Benchmark, Compare, Monitor, Export)
 /v1/...  the OpenAI-compatible API served by the engine the UI launched (backend.server)
 /metrics Prometheus metrics of that engine
 """
@@ -15,7 +15,7 @@ import gradio as gr
 from fastapi import FastAPI
 
 from backend.server.engine_holder import EngineHolder
-from ui import bench_tab, chat_tab, export_tab, launch_tab, monitor_tab, plan_tab
+from ui import bench_tab, chat_tab, compare_tab, export_tab, launch_tab, monitor_tab, plan_tab
 from ui.common import AppContext
 
 THEME = gr.themes.Soft(
@@ -49,7 +49,7 @@ def default_model_for_launch() -> str:
 
 
 def build_demo(ctx: AppContext) -> gr.Blocks:
-    """The six tabs; handlers reach the engine through ctx.holder, shared by every browser tab."""
+    """The seven tabs; handlers reach the engine through ctx.holder, shared by every browser tab."""
     from backend.default_model import DEFAULT_MODEL_NAME
 
     with gr.Blocks(title="LLM serving playground") as demo:
@@ -68,6 +68,8 @@ def build_demo(ctx: AppContext) -> gr.Blocks:
                 chat_timer = chat_tab.build(ctx, demo)
             with gr.Tab("Benchmark", id="bench"):
                 bench_tab.build(ctx, plan_state)
+            with gr.Tab("Compare", id="compare"):
+                compare_tab.build(ctx)
             with gr.Tab("Monitor", id="monitor"):
                 monitor_tab.build(ctx)
             with gr.Tab("Export", id="export"):

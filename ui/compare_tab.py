@@ -1,0 +1,145 @@
+"""Compare tab: the same workload against the embedded engine, engines started in the Launch tab and any
+OpenAI URL, one after the other (backend.bench.compare); one table, overlaid charts, JSON and HTML report."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import gradio as gr
+
+from backend.bench.datasets import DATASETS
+from ui.common import AppContext, describe, error_message, ok_message, required_int
+
+EMBEDDED = "embedded"
+EXTERNAL = ("vllm", "sglang", "llamacpp")
+
+
+def embedded_target(ctx: AppContext):
+    from backend.bench.compare import CompareTarget
+    from backend.bench.compare_targets import planned
+    from backend.planner.request import PlanRequest
+
+    engine, status = ctx.holder.get(), ctx.holder.status()
+    if engine is None or status.config is None:
+        raise ValueError("the embedded engine is not running: press Launch in the Launch tab")
+    config = status.config
+    req = PlanRequest(model=config.model, gpu="CPU", engine="embedded", quant="bf16")
+    return CompareTarget(
+        name=EMBEDDED,
+        base_url=ctx.api_base,
+        model=engine.model_name,
+        pids=lambda: [os.getpid()],  # this app's process: the engine and the UI together
+        block_size=(ctx.holder.last_stats() or ctx.holder.stats() or {}).get("block_size", 16),
+        planned=planned(req),
+    )
+
+
+def external_target(ctx: AppContext, engine: str):
+    from backend.bench.compare import CompareTarget
+
+    server = ctx.external.get(engine)
+    if server is None or server.status().state != "ready":
+        raise ValueError(f"{engine} is not running: start it under Launch → External engines")
+    return CompareTarget(
+        name=engine,
+        base_url=server.base_url,
+        model=server.served_name,
+        pids=lambda: [p.pid for p in server.processes()],
+        kv_cache_tokens=server.startup.kv_cache_tokens,
+    )
+
+
+def targets(ctx: AppContext, chosen: list[str], url: str) -> list:
+    from backend.bench.compare_targets import url_target
+
+    out = [embedded_target(ctx) if name == EMBEDDED else external_target(ctx, name) for name in chosen or []]
+    if (url or "").strip():
+        try:
+            out.append(url_target(url.strip()))
+        except SystemExit as exc:
+            raise ValueError(str(exc)) from None
+    if len(out) < 2:
+        raise ValueError("choose at least two targets (engines, or one engine and a URL)")
+    return out
+
+
+def run(
+    ctx: AppContext,
+    chosen: list[str],
+    url: str,
+    dataset: str,
+    num_prompts: Any,
+    concurrency: Any,
+    output_len: Any,
+    progress: Any = None,
+) -> tuple:
+    """(message, table, throughput chart, latency chart, KV chart, report files)."""
+    from backend.bench.compare import Workload, run_compare
+    from backend.bench.compare_report import figures, table_html, write_report
+
+    skip = (gr.skip(),) * 5
+    try:
+        workload = Workload(
+            dataset=dataset,
+            num_prompts=required_int(num_prompts, "requests"),
+            max_concurrency=required_int(concurrency, "max concurrency"),
+            output_len=required_int(output_len, "output tokens"),
+            timeout_s=300.0,
+        )
+        chosen_targets = targets(ctx, chosen, url)
+    except ValueError as exc:
+        return (error_message(describe(exc)), *skip)
+
+    def report(name: str, done: int, total: int) -> None:
+        if progress is not None:
+            progress(done / max(total, 1), desc=f"{name}: {done}/{total} requests")
+
+    try:
+        comparison = run_compare(chosen_targets, workload, report)
+    except Exception as exc:  # a target went away mid-run: say which, keep the UI alive
+        return (error_message(f"comparison failed: {describe(exc)}"), *skip)
+    paths = write_report(comparison, tempfile.mkdtemp(prefix="compare-"))
+    figs = figures(comparison)
+    failed = sum(r.failed for r in comparison.rows())
+    message = ok_message(
+        f"compared {len(chosen_targets)} targets on {workload.num_prompts} requests each; {failed} failed"
+    )
+    files = [str(paths["json"]), str(paths["html"])]
+    return message, table_html(comparison.rows()), figs["throughput"], figs["latency"], figs["kv"], files
+
+
+def build(ctx: AppContext) -> None:
+    with gr.Row():
+        with gr.Column(scale=2):
+            chosen = gr.CheckboxGroup(
+                [EMBEDDED, *EXTERNAL],
+                value=[EMBEDDED, "vllm"],
+                label="Targets (running engines)",
+                elem_id="compare-targets",
+            )
+            url = gr.Textbox("", label="Another server (OpenAI URL, optional)")
+            dataset = gr.Dropdown(list(DATASETS), value="chat", label="Dataset")
+            with gr.Row():
+                num_prompts = gr.Number(16, label="Requests", precision=0, elem_id="compare-requests")
+                concurrency = gr.Number(4, label="Max concurrency", precision=0)
+                output_len = gr.Number(64, label="Output tokens", precision=0)
+            start = gr.Button("Compare", variant="primary", elem_id="compare-run")
+            message = gr.HTML(elem_id="compare-message")
+            files = gr.File(label="Report (JSON, standalone HTML)", file_count="multiple")
+        with gr.Column(scale=3):
+            table = gr.HTML(elem_id="compare-table-box")
+            throughput = gr.Plot(label="Throughput over time", elem_id="compare-throughput")
+            latency = gr.Plot(label="Latency distributions", elem_id="compare-latency")
+            kv = gr.Plot(label="KV usage over time", elem_id="compare-kv")
+
+    def on_run(*values: Any, progress: gr.Progress = gr.Progress()) -> tuple:  # noqa: B008 (Gradio's idiom)
+        return run(ctx, *values, progress=progress)
+
+    start.click(
+        on_run,
+        [chosen, url, dataset, num_prompts, concurrency, output_len],
+        [message, table, throughput, latency, kv, files],
+        concurrency_limit=1,
+    )
