@@ -12,6 +12,7 @@ from backend.bench.monitor import MetricsPoller
 from backend.export.supervisor import ExternalServers, installed
 from backend.planner.request import PlanRequest
 
+pytestmark = pytest.mark.slow
 START_TIMEOUT_S = 900  # the first start after install compiles; the machine is shared
 
 
