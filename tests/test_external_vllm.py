@@ -12,8 +12,8 @@ from backend.bench.monitor import MetricsPoller
 from backend.export.supervisor import ExternalServers, installed
 from backend.planner.request import PlanRequest
 
-pytestmark = pytest.mark.slow
-START_TIMEOUT_S = 900  # the first start after install compiles; the machine is shared
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+START_TIMEOUT_S = 1800  # vLLM compiles at its first start with a new config; the machine is shared
 
 
 def vllm_plan(model: str) -> PlanRequest:

@@ -353,6 +353,7 @@ def test_external_server_runs_the_exported_command_fake_vllm_executable(tmp_path
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     servers = ExternalServers()
     plan = plan_tab.estimate_plan(*PLAN_FORM.values())[6]
+    assert is_error(external.start(servers, None, "vllm", 8011), "no plan yet")
     assert is_error(external.start(servers, plan, "vllm", -1), "port")
     assert is_error(external.start(servers, plan, "llamacpp", 8011), "llama-server")
     assert "msg-ok" in external.start(servers, plan, "vllm", 8011)

@@ -32,9 +32,18 @@ def default_plan(engine: str) -> PlanRequest:
     )
 
 
-def start(servers: ExternalServers, plan: dict[str, Any] | None, engine: str, port: Any) -> str:
+DEFAULT_MODEL = "the default model"
+PLAN = "the Plan tab's plan"
+
+
+def start(
+    servers: ExternalServers, plan: dict[str, Any] | None, engine: str, port: Any, source: str = PLAN
+) -> str:
+    """Start the engine for the plan (or the default model); the message says where, or what is wrong."""
     try:
-        req = PlanRequest(**plan) if plan else default_plan(engine)
+        if source == PLAN and not plan:
+            raise ValueError("no plan yet: fill in the Plan tab, or choose the default model")
+        req = PlanRequest(**plan) if source == PLAN else default_plan(engine)
         server = servers.start(req, engine, optional_int(port, "port", minimum=1024))
     except ValueError as exc:
         return error_message(describe(exc))
@@ -85,6 +94,7 @@ def build(servers: ExternalServers, plan_state: Any) -> None:
             elem_id="external-engine",
         )
         port = gr.Number(0, label="Port (0 = a free one)", precision=0, interactive=bool(ready))
+        source = gr.Radio([DEFAULT_MODEL, PLAN], value=DEFAULT_MODEL, label="Model and settings")
     with gr.Row():
         start_button = gr.Button(
             "Start (the plan's command, or the default model)",
@@ -95,7 +105,7 @@ def build(servers: ExternalServers, plan_state: Any) -> None:
     message = gr.HTML(elem_id="external-message")
     state = gr.HTML(status_html(servers, None), elem_id="external-status")
     log = gr.Textbox("", label="Engine log", lines=10, max_lines=10, autoscroll=True, elem_id="external-log")
-    start_button.click(lambda *args: start(servers, *args), [plan_state, engine, port], message)
+    start_button.click(lambda *args: start(servers, *args), [plan_state, engine, port, source], message)
     stop_button.click(lambda name: stop(servers, name), engine, message)
     timer = gr.Timer(1.0)
     timer.tick(

@@ -1,0 +1,68 @@
+"""Real vLLM from the page (Debian's chromium via Playwright, against `python app.py`): start it under
+Launch → External engines, chat with it while the live chart reads its /metrics, compare it with the
+embedded engine on a small workload, stop it. Saves assets/screenshots/compare.png (the README shows it)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import psutil
+import pytest
+
+from tests.test_ui_browser import LOAD_S, open_tab, page, server, shot  # noqa: F401 (fixtures)
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(3000)]
+VLLM_START_MS = 1_800_000  # vLLM compiles at its first start; the machine is shared
+
+
+def test_start_vllm_from_the_launch_tab(page):  # noqa: F811
+    open_tab(page, "Launch")
+    page.click("#launch-button")  # the embedded engine too, for the comparison
+    page.wait_for_selector("#engine-state[data-state=ready]", timeout=LOAD_S)
+    page.get_by_text("External engines (vLLM, SGLang, llama.cpp)").click()
+    assert "make vllm" not in page.locator("#external-engines").inner_text()  # vLLM is installed
+    page.click("#external-start")
+    page.wait_for_selector("#external-message .msg-ok:has-text('started vllm')")
+    page.wait_for_selector("#external-state[data-state=starting] progress")
+    page.wait_for_selector("#external-state[data-state=ready]", timeout=VLLM_START_MS)
+    assert "KV cache" in page.locator("#external-state").inner_text()
+    assert "vllm" in page.locator("#external-log textarea").input_value().lower()
+
+
+def test_chat_with_vllm_moves_the_kv_chart(page):  # noqa: F811
+    open_tab(page, "Chat")
+    page.fill("#chat-input textarea", "Write a long story about a dragon who learns to cook.")
+    page.click("#chat-send")
+    kv_values, deadline = [], time.monotonic() + 600
+    while "TTFT" not in page.locator("#chat-reply-stats").inner_text():
+        assert time.monotonic() < deadline, "the reply did not finish within 600 s"
+        kv_values.append(float(page.locator("#live-now").get_attribute("data-kv") or 0))
+        time.sleep(0.25)
+    assert page.locator("#chat-reply-stats").inner_text().startswith("vllm")
+    assert max(kv_values) > 0, "vLLM's KV usage never rose above zero while the reply ran"
+    title = page.evaluate("() => document.querySelector('#live-chart .js-plotly-plot').layout.title.text")
+    assert "vllm" in title
+
+
+def test_compare_embedded_and_vllm(page):  # noqa: F811
+    open_tab(page, "Compare")
+    page.fill("#compare-requests input", "4")
+    page.click("#compare-run")
+    page.wait_for_selector("#compare-message .msg-ok", timeout=900_000)
+    for target in ("embedded", "vllm"):
+        row = page.locator(f"#compare-table tr[data-target={target}]").inner_text()
+        assert "4/0" in row and "tok/s" not in row  # 4 done, 0 failed; numbers only
+    assert page.locator("#compare-kv .js-plotly-plot").count() == 1
+    shot(page, "compare")
+
+
+def test_stop_vllm_leaves_no_process(page):  # noqa: F811
+    open_tab(page, "Launch")
+    pid = int(re.search(r"pid (\d+)", page.locator("#external-state").inner_text()).group(1))
+    children = [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    page.click("#external-stop")
+    page.wait_for_selector("#external-message .msg-ok:has-text('stopped vllm')")
+    time.sleep(1)
+    left = [p for p in [pid, *children] if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert left == []
