@@ -37,18 +37,12 @@ def embedded_target(ctx: AppContext):
 
 
 def external_target(ctx: AppContext, engine: str):
-    from backend.bench.compare import CompareTarget
+    from backend.bench.compare_targets import server_target
 
     server = ctx.external.get(engine)
     if server is None or server.status().state != "ready":
         raise ValueError(f"{engine} is not running: start it under Launch → External engines")
-    return CompareTarget(
-        name=engine,
-        base_url=server.base_url,
-        model=server.served_name,
-        pids=lambda: [p.pid for p in server.processes()],
-        kv_cache_tokens=server.startup.kv_cache_tokens,
-    )
+    return server_target(server, server.plan)
 
 
 def targets(ctx: AppContext, chosen: list[str], url: str) -> list:

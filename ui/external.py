@@ -11,7 +11,7 @@ import gradio as gr
 
 from backend.export.supervisor import ExternalServers, availability
 from backend.planner.request import PlanRequest
-from ui.common import describe, error_message, ok_message, optional_int
+from ui.common import describe, error_message, gib, ok_message, optional_int
 
 LOG_LINES = 80
 
@@ -57,6 +57,24 @@ def stop(servers: ExternalServers, engine: str) -> str:
         return error_message(describe(exc))
 
 
+_PLANNED: dict[int, dict] = {}  # pid -> the planner's figures for the server's settings (computed once)
+
+
+def memory_html(server: Any) -> str:
+    """Memory truth: measured resident memory and KV capacity beside the planner's estimate."""
+    from backend.bench.compare_targets import planned
+
+    if server.pid not in _PLANNED:
+        _PLANNED[server.pid] = planned(server.plan) if server.plan is not None else {}
+    plan = _PLANNED[server.pid]
+    rss, kv = server.rss_bytes(), server.startup.kv_cache_tokens
+    return (
+        f"<div id='external-memory'>RSS {gib(rss)} (server + engine processes) · "
+        f"weights (plan) {gib(plan.get('weights_bytes'))} · "
+        f"KV cache {kv or 0:,} tokens (plan: {plan.get('kv_cache_tokens') or 0:,})</div>"
+    )
+
+
 def status_html(servers: ExternalServers, engine: str | None) -> str:
     server = servers.get(engine) if engine else None
     if server is None:
@@ -67,6 +85,8 @@ def status_html(servers: ExternalServers, engine: str | None) -> str:
     kv = f" · KV cache {s.kv_cache_tokens:,} tokens" if s.kv_cache_tokens else ""
     bar = f"<progress value='{s.progress:.2f}' max='1' style='width:100%'></progress>"
     body = f"{head}<br>{html.escape(s.phase)}{kv}{bar}"
+    if s.state == "ready":
+        body += memory_html(server)
     if s.state == "failed":
         lines = html.escape("\n".join(s.error))
         body += f"<pre id='external-error' style='white-space:pre-wrap;font-size:0.8em'>{lines}</pre>"

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 
 from backend.bench.compare import CompareTarget
+from backend.export.process import ManagedServer
 from backend.export.supervisor import CPU_KV_CACHE_GIB, ExternalServers
 from backend.planner.request import PlanRequest
 
@@ -79,6 +80,19 @@ def url_target(url: str) -> CompareTarget:
     return CompareTarget(name=url, base_url=base, model=models[0]["id"])
 
 
+def server_target(server: ManagedServer, req: PlanRequest | None = None) -> CompareTarget:
+    """A running external server as a target: its processes for memory, its own KV size, the plan."""
+    return CompareTarget(
+        name=server.engine,
+        base_url=server.base_url,
+        model=server.served_name,
+        pids=lambda: [p.pid for p in server.processes()],
+        kv_cache_tokens=server.startup.kv_cache_tokens,
+        block_size=req.block_size if req else 16,
+        planned=planned(req) if req else {},
+    )
+
+
 class LocalTargets:
     """Launch local engines for one plan, one at a time; stop them all on exit."""
 
@@ -111,15 +125,7 @@ class LocalTargets:
             detail = "\n".join(status.error or list(server.log)[-20:])
             raise SystemExit(f"compare: {engine} did not start ({status.phase}):\n{detail}")
         print(f"* {engine} ready in {status.seconds:.0f} s", flush=True)
-        return CompareTarget(
-            name=engine,
-            base_url=server.base_url,
-            model=server.served_name,
-            pids=lambda: [p.pid for p in server.processes()],
-            kv_cache_tokens=server.startup.kv_cache_tokens,
-            block_size=req.block_size,
-            planned=planned(req),
-        )
+        return server_target(server, req)
 
     def stop(self, engine: str) -> None:
         if self.servers.get(engine) is not None:

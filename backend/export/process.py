@@ -8,6 +8,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import psutil
@@ -42,6 +43,7 @@ class ManagedServer:
     ) -> None:
         self.engine, self.command, self.port, self.env, self.cwd = engine, command, port, env, cwd
         self.served_name = served_name  # the model name its /v1 answers to
+        self.plan: Any = None  # the PlanRequest it was started for
         self.base_url = f"http://127.0.0.1:{port}/v1"
         self.health_url = f"http://127.0.0.1:{port}/health"
         self.log: deque[str] = deque(maxlen=LOG_LINES)

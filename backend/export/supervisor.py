@@ -125,6 +125,7 @@ class ExternalServers:
             port = port or free_port()
             command = launch_command(req, engine, port)
             server = ManagedServer(engine, command, port, launch_env(engine), served_name=req.model, cwd=ROOT)
+            server.plan = req
             server.start()
             self.servers[engine] = server
         return server
