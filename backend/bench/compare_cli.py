@@ -8,6 +8,8 @@ next one starts.
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,6 +45,7 @@ def main(args: argparse.Namespace) -> int:
 
     if len(args.target) < 2:
         raise SystemExit("compare: give at least two --target values")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the engines it started on the way out
     try:
         workload = Workload(
             dataset=args.dataset,

@@ -87,9 +87,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def has_gpu() -> bool:
+    return shutil.which("nvidia-smi") is not None
+
+
 def launch_command(req: PlanRequest, engine: str, port: int) -> str:
-    """The exported launch command (every value shell-quoted by the exporter) for this plan."""
-    return main_command(resolve(req, ExportOptions(host="127.0.0.1", port=port)), engine)
+    """The exported launch command (every value shell-quoted by the exporter) for this plan. Without a GPU,
+    vLLM runs eager: its CPU build's torch.compile takes minutes here and its compiled graph answered
+    differently from the eager one and from transformers (vLLM 0.32.0 CPU, torch 2.13)."""
+    options = ExportOptions(host="127.0.0.1", port=port, enforce_eager=engine == "vllm" and not has_gpu())
+    return main_command(resolve(req, options), engine)
 
 
 def launch_env(engine: str) -> dict[str, str]:
