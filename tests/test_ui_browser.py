@@ -8,9 +8,6 @@ screenshot of its tab to assets/screenshots/ (the README shows them).
 from __future__ import annotations
 
 import io
-import os
-import subprocess
-import sys
 import time
 import zipfile
 from pathlib import Path
@@ -18,82 +15,21 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.common_utils import ROOT, free_port
+from tests.browser_utils import LOAD_S, app_server, browser_page, choose, open_tab, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-SHOTS = ROOT / "assets" / "screenshots"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-LOAD_S = 240_000  # ms: the default model loads in ~20-60 s on 2 busy cores
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    port = free_port()
-    log = (tmp_path_factory.mktemp("app") / "app.log").open("w")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "app.py", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, f"app.py exited with {proc.returncode}; see {log.name}"
-            try:
-                if httpx.get(url + "/", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "app.py did not serve / within 90 s"
-            time.sleep(0.5)
+    with app_server(tmp_path_factory.mktemp("app") / "app.log") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 @pytest.fixture(scope="module")
 def page(server):
-    from playwright.sync_api import sync_playwright
-
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: `apt-get install chromium` (.ci/run does it)")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1440, "height": 1000}, accept_downloads=True)
-        page = context.new_page()
-        page.set_default_timeout(30_000)
-        page.goto(server + "/")
-        page.wait_for_selector("#plan-badge")  # Gradio renders a few seconds after load
+    with browser_page(server) as page:
         yield page
-        browser.close()
-
-
-def open_tab(page, name: str) -> None:
-    page.get_by_role("tab", name=name).click()
-
-
-def choose(page, elem_id: str, value: str) -> None:
-    """Pick a value in a Gradio dropdown the way a user does: type to filter, click the option."""
-    box = page.locator(f"#{elem_id} input")
-    box.click()
-    box.fill(value)
-    page.locator("ul[role=listbox] li", has_text=value).first.click()
-
-
-def shot(page, name: str) -> None:
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
 def test_page_and_api_share_one_server(server):

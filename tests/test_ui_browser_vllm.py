@@ -10,13 +10,19 @@ import time
 import psutil
 import pytest
 
-from tests.test_ui_browser import LOAD_S, open_tab, page, server, shot  # noqa: F401 (fixtures)
+from tests.browser_utils import LOAD_S, app_server, browser_page, open_tab, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(3000)]
-VLLM_START_MS = 1_800_000  # vLLM compiles at its first start; the machine is shared
+VLLM_START_MS = 1_200_000  # eager vLLM starts in 1-3 min; the machine is shared
 
 
-def test_start_vllm_from_the_launch_tab(page):  # noqa: F811
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    with app_server(tmp_path_factory.mktemp("app") / "app.log") as url, browser_page(url) as page:
+        yield page
+
+
+def test_start_vllm_from_the_launch_tab(page):
     open_tab(page, "Launch")
     page.click("#launch-button")  # the embedded engine too, for the comparison
     page.wait_for_selector("#engine-state[data-state=ready]", timeout=LOAD_S)
@@ -30,7 +36,7 @@ def test_start_vllm_from_the_launch_tab(page):  # noqa: F811
     assert "vllm" in page.locator("#external-log textarea").input_value().lower()
 
 
-def test_chat_with_vllm_moves_the_kv_chart(page):  # noqa: F811
+def test_chat_with_vllm_moves_the_kv_chart(page):
     open_tab(page, "Chat")
     page.fill("#chat-input textarea", "Write a long story about a dragon who learns to cook.")
     page.click("#chat-send")
@@ -45,7 +51,7 @@ def test_chat_with_vllm_moves_the_kv_chart(page):  # noqa: F811
     assert "vllm" in title
 
 
-def test_compare_embedded_and_vllm(page):  # noqa: F811
+def test_compare_embedded_and_vllm(page):
     open_tab(page, "Compare")
     page.fill("#compare-requests input", "4")
     page.click("#compare-run")
@@ -57,7 +63,7 @@ def test_compare_embedded_and_vllm(page):  # noqa: F811
     shot(page, "compare")
 
 
-def test_stop_vllm_leaves_no_process(page):  # noqa: F811
+def test_stop_vllm_leaves_no_process(page):
     open_tab(page, "Launch")
     pid = int(re.search(r"pid (\d+)", page.locator("#external-state").inner_text()).group(1))
     children = [p.pid for p in psutil.Process(pid).children(recursive=True)]

@@ -68,7 +68,9 @@ def build_demo(ctx: AppContext) -> gr.Blocks:
                 chat_timer = chat_tab.build(ctx, demo)
             with gr.Tab("Benchmark", id="bench"):
                 bench_tab.build(ctx, plan_state)
-            with gr.Tab("Compare", id="compare"):
+            with gr.Tab(
+                "Compare", id="compare", visible=not ctx.policy.is_public
+            ):  # runs the owner's engines
                 compare_tab.build(ctx)
             with gr.Tab("Monitor", id="monitor"):
                 monitor_tab.build(ctx)

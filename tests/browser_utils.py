@@ -1,0 +1,92 @@
+"""The app in a real browser: `python app.py` on a free port and a chromium page on it (Playwright,
+Debian's chromium, never `playwright install`), and the helpers the browser tests share."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.common_utils import ROOT, free_port
+
+SHOTS = ROOT / "assets" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+LOAD_S = 240_000  # ms: the default model loads in ~20-60 s on 2 busy cores
+
+
+@contextmanager
+def app_server(log_path: Path):
+    """`python app.py` on a free port until the block ends; yields its URL."""
+    port = free_port()
+    log = log_path.open("w")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "app.py", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, f"app.py exited with {proc.returncode}; see {log.name}"
+            try:
+                if httpx.get(url + "/", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "app.py did not serve / within 90 s"
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@contextmanager
+def browser_page(server: str):
+    """A chromium page on the app, once Gradio has rendered it."""
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `apt-get install chromium` (.ci/run does it)")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1440, "height": 1000}, accept_downloads=True)
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(server + "/")
+        page.wait_for_selector("#plan-badge")  # Gradio renders a few seconds after load
+        yield page
+        browser.close()
+
+
+def open_tab(page, name: str) -> None:
+    page.get_by_role("tab", name=name).click()
+
+
+def choose(page, elem_id: str, value: str) -> None:
+    """Pick a value in a Gradio dropdown the way a user does: type to filter, click the option."""
+    box = page.locator(f"#{elem_id} input")
+    box.click()
+    box.fill(value)
+    page.locator("ul[role=listbox] li", has_text=value).first.click()
+
+
+def shot(page, name: str) -> None:
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
