@@ -8,6 +8,7 @@ import shutil
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
@@ -41,6 +42,21 @@ def start_engine(model: str, **engine_options):
     from backend.engine import LLM, AsyncLLM
 
     return AsyncLLM(LLM(model, **engine_options))
+
+
+@contextmanager
+def tiny_llama_server():
+    """(engine, server): a tiny random llama served as "tiny" (8 sequences, 256 KV blocks, 512 tokens)."""
+    from backend.server import build_app
+    from tests.engine_utils import tiny_model
+
+    engine = start_engine(tiny_model("llama")[0], max_num_seqs=8, num_kv_blocks=256, max_model_len=512)
+    server = RunningServer(build_app(lambda: engine, served_model_name="tiny"))
+    try:
+        yield engine, server
+    finally:
+        server.stop()
+        engine.shutdown()
 
 
 def wait_until(condition, timeout_s: float = 30.0, what: str = "condition") -> None:

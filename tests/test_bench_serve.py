@@ -16,9 +16,7 @@ from backend.bench.datasets import CORPUS_PATH, sample_requests
 from backend.bench.plots import latency_figure
 from backend.bench.results import percentile
 from backend.bench.serve import BenchConfig, arrival_intervals, run_benchmark
-from backend.server import build_app
-from tests.engine_utils import tiny_model
-from tests.server_utils import RunningServer, start_engine, wait_until
+from tests.server_utils import tiny_llama_server, wait_until
 
 SUMMARY_KEYS = {
     "duration",
@@ -37,11 +35,8 @@ LATENCY_KEYS = {
 
 @pytest.fixture(scope="module")
 def served():
-    engine = start_engine(tiny_model("llama")[0], max_num_seqs=8, num_kv_blocks=256, max_model_len=512)
-    server = RunningServer(build_app(lambda: engine, served_model_name="tiny"))
-    yield engine, server
-    server.stop()
-    engine.shutdown()
+    with tiny_llama_server() as (engine, server):
+        yield engine, server
 
 
 def config(server, **kw) -> BenchConfig:

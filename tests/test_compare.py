@@ -14,9 +14,7 @@ from app import main as app_main
 from backend.bench.compare import CompareTarget, Workload, run_compare
 from backend.bench.compare_report import format_table, write_report
 from backend.export.startup import Startup, error_lines
-from backend.server import build_app
-from tests.engine_utils import tiny_model
-from tests.server_utils import RunningServer, start_engine
+from tests.server_utils import tiny_llama_server
 
 # Lines from a real `vllm serve` (0.32.0, CPU) log, in order; the last one is a failed start.
 VLLM_LOG = [
@@ -53,11 +51,8 @@ def test_error_lines_lead_with_the_engines_exception():
 
 @pytest.fixture(scope="module")
 def served():
-    engine = start_engine(tiny_model("llama")[0], max_num_seqs=8, num_kv_blocks=256, max_model_len=512)
-    server = RunningServer(build_app(lambda: engine, served_model_name="tiny"))
-    yield engine, server
-    server.stop()
-    engine.shutdown()
+    with tiny_llama_server() as (engine, server):
+        yield engine, server
 
 
 def test_compare_runs_the_same_workload_on_each_target_and_writes_reports(served, tmp_path):
