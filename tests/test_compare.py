@@ -63,7 +63,7 @@ def test_compare_runs_the_same_workload_on_each_target_and_writes_reports(served
             f"{server.url}/v1",
             "tiny",
             pids=lambda: [os.getpid()],
-            block_size=engine.stats()["block_size"],
+            block_size=engine.stats().block_size,
         )
         for name in ("first", "second")
     ]
@@ -76,7 +76,7 @@ def test_compare_runs_the_same_workload_on_each_target_and_writes_reports(served
     for row in (first, second):
         assert row.engine == "embedded" and row.completed == 6 and row.failed == 0
         assert row.output_tok_s > 0 and row.ttft_p50_ms > 0 and row.ttft_p99_ms >= row.ttft_p50_ms
-        assert row.kv_cache_tokens == 256 * engine.stats()["block_size"]
+        assert row.kv_cache_tokens == 256 * engine.stats().block_size
         assert row.peak_rss_bytes > 50 * 1024**2
     a, b = (run.result for run in comparison.runs)
     assert a.total_input_tokens == b.total_input_tokens  # the same prompts (same dataset and seed)

@@ -31,7 +31,7 @@ def embedded_target(ctx: AppContext):
         base_url=ctx.api_base,
         model=engine.model_name,
         pids=lambda: [os.getpid()],  # this app's process: the engine and the UI together
-        block_size=(ctx.holder.last_stats() or ctx.holder.stats() or {}).get("block_size", 16),
+        block_size=stats.block_size if (stats := ctx.holder.stats()) is not None else 16,
         planned=planned(req),
     )
 
