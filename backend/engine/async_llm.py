@@ -18,7 +18,7 @@ import logging
 import queue
 import threading
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -130,7 +130,7 @@ class AsyncLLM:
 
     async def generate(
         self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Stream cumulative outputs of one request; the last has finished=True."""
         params = params if params is not None else SamplingParams()
         request_id = request_id or f"req-{uuid.uuid4().hex}"

@@ -227,7 +227,9 @@ def linear_bf16_small(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     """x [rows, k] @ weight [n, k]^T + bias, all bf16 and contiguous, for a few rows."""
     out = x.new_empty(x.shape[0], weight.shape[0])
     bias_ptr = None if bias is None else bias.data_ptr()
-    load_library().linear_bf16_small(
+    lib = load_library()
+    assert lib is not None, "called only where supports() found the library"
+    lib.linear_bf16_small(
         x.data_ptr(), weight.data_ptr(), bias_ptr, out.data_ptr(), x.shape[0], weight.shape[0], x.shape[1]
     )
     return out

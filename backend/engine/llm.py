@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -53,17 +53,14 @@ class LLM:
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Run all prompts to completion with continuous batching; outputs in the order of the prompts."""
-        if isinstance(prompts, str) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
-        ):
-            prompts = [prompts]
+        prompt_list = as_prompt_list(prompts)
         params = params if params is not None else SamplingParams()
-        params_list = params if isinstance(params, list) else [params] * len(prompts)
-        if len(params_list) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
+        params_list = params if isinstance(params, list) else [params] * len(prompt_list)
+        if len(params_list) != len(prompt_list):
+            raise ValueError(f"got {len(prompt_list)} prompts but {len(params_list)} SamplingParams")
         engine = self.llm_engine
-        processed = [engine.process_inputs(p, sp) for p, sp in zip(prompts, params_list, strict=True)]
-        ids = [f"llm-{next(self._request_ids)}" for _ in prompts]
+        processed = [engine.process_inputs(p, sp) for p, sp in zip(prompt_list, params_list, strict=True)]
+        ids = [f"llm-{next(self._request_ids)}" for _ in prompt_list]
         for request_id, (text, token_ids), sp in zip(ids, processed, params_list, strict=True):
             engine.add_processed_request(request_id, text, token_ids, sp)
         results: dict[str, RequestOutput] = {}
@@ -90,7 +87,10 @@ class LLM:
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Apply the model's chat template to each conversation, then generate."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        single = bool(messages) and isinstance(messages[0], dict)
+        conversations = (
+            [cast(list[dict[str, str]], messages)] if single else cast(list[list[dict[str, str]]], messages)
+        )
         prompts = [self.chat_prompt(conversation) for conversation in conversations]
         return self.generate(prompts, params, use_tqdm=use_tqdm)
 
@@ -98,6 +98,13 @@ class LLM:
         """Token ids of one conversation, templated with a generation prompt for the assistant."""
         text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
         return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def as_prompt_list(prompts: Prompt | list[str] | list[list[int]]) -> list[Prompt]:
+    """One prompt (a string or a list of token ids) or a list of them, as a list of prompts."""
+    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        return [prompts]
+    return cast(list[Prompt], list(prompts))
 
 
 def _progress(total: int):

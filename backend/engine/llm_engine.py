@@ -243,7 +243,9 @@ class LLMEngine:
         if seq.num_output_tokens == 0 and seq.index == 0:
             self.counters.prompt_tokens += seq.num_prompt_tokens
         if seq.logprobs is not None:
-            seq.logprobs.append(token_logprobs(logprobs_row, token_id, seq.params.logprobs, self.tokenizer))
+            seq.logprobs.append(
+                token_logprobs(logprobs_row, token_id, seq.params.logprobs or 0, self.tokenizer)
+            )
         append_token(seq, token_id, self.eos_token_ids, self.max_model_len)
         if seq.finish_reason is not None:
             self.scheduler.finish(seq)

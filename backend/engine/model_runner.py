@@ -46,6 +46,12 @@ class ModelRunner:
         return 2 * args.num_layers * block_size * args.num_kv_heads * args.head_dim * element
 
     @property
+    def pool_shape(self) -> tuple[int, int]:
+        """(num_kv_heads, num_blocks) of each layer's K and V pool."""
+        num_kv_heads, num_blocks = self.kv_caches[0][0].shape[:2]
+        return num_kv_heads, num_blocks
+
+    @property
     def kv_pool_bytes(self) -> int:
         return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.kv_caches)
 
@@ -95,7 +101,6 @@ class ModelRunner:
         A chunk after a sequence's first attends over its earlier tokens too, read from the pool through
         its block table with a causal mask; a first chunk attends over its own rows only."""
         bs = self.block_size
-        pool_shape = self.kv_caches[0][0].shape[:2]  # (num_kv_heads, num_blocks)
         chunks: list[PrefillChunk] = []
         gather_blocks, row = 0, first_row
         for item in prefills:
@@ -104,7 +109,7 @@ class ModelRunner:
             rows = mask = None
             if start:
                 num_blocks = -(-end // bs)
-                rows = pool_rows(item.seq.block_table[:num_blocks], *pool_shape, self.device)
+                rows = pool_rows(item.seq.block_table[:num_blocks], *self.pool_shape, self.device)
                 query_pos = torch.arange(start, end, device=self.device)
                 mask = torch.arange(end, device=self.device)[None, :] <= query_pos[:, None]
                 gather_blocks = max(gather_blocks, num_blocks)
@@ -127,7 +132,7 @@ class ModelRunner:
             meta.decode_block_tables = torch.tensor(padded).view(len(decodes), max_blocks)
             meta.decode_context_lens = lens
             return 0
-        meta.decode_rows = pool_rows(padded, *self.kv_caches[0][0].shape[:2], self.device)
+        meta.decode_rows = pool_rows(padded, *self.pool_shape, self.device)
         key_pos = torch.arange(max_blocks * bs, device=self.device)
         meta.decode_mask = (key_pos[None, :] < lens[:, None])[:, None, None, :]
         return len(decodes) * max_blocks

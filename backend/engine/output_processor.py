@@ -38,7 +38,7 @@ def append_token(seq: Sequence, token_id: int, eos_token_ids: list[int], max_mod
     seq.token_ids.append(token_id)
     if not params.ignore_eos and token_id in eos_token_ids:
         seq.finish_reason = "stop"
-    elif token_id in params.stop_token_ids:
+    elif token_id in (params.stop_token_ids or ()):
         seq.finish_reason, seq.stop_reason = "stop", token_id
     else:
         delta = seq.detokenizer.add_token(token_id)

@@ -43,8 +43,12 @@ def build_app(
         raise ValueError(f"max_waiting_requests must be >= 0, got {max_waiting_requests}")
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
-    ctx = ServingContext(engine_provider, served_model_name, max_waiting_requests, None, max_tokens_limit)
-    ctx.metrics = ServerMetrics(engine_provider, ctx.model_name, expose_prefix_cache)
+    server_metrics = ServerMetrics(
+        engine_provider, lambda engine: served_model_name or engine.model_name, expose_prefix_cache
+    )
+    ctx = ServingContext(
+        engine_provider, served_model_name, max_waiting_requests, server_metrics, max_tokens_limit
+    )
 
     app = FastAPI(title="LLM serving playground: OpenAI-compatible API", docs_url=None, redoc_url=None)
     app.state.serving = ctx

@@ -85,14 +85,14 @@ def main(args: argparse.Namespace) -> int:
         max_waiting_requests=args.max_waiting_requests,
         max_body_bytes=args.max_request_bytes,
     )
-    config = uvicorn.Config(
+    server_config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
         log_level=args.uvicorn_log_level,
         access_log=not args.disable_uvicorn_access_log,
     )
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(server_config)
     name = args.served_model_name or engine.model_name
     try:
         asyncio.run(_serve(server, name, api_key is not None))

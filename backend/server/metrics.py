@@ -148,9 +148,9 @@ class EngineCollector:
             family.add_metric([name], float(values[key]))
             yield family
         for key, (metric, doc) in self.counters.items():
-            family = CounterMetricFamily(metric, doc, labels=["model_name"])
-            family.add_metric([name], float(values[key]))
-            yield family
+            counter = CounterMetricFamily(metric, doc, labels=["model_name"])
+            counter.add_metric([name], float(values[key]))
+            yield counter
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",

@@ -7,7 +7,7 @@ best_of, suffix) are refused with a message that says so.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -139,7 +139,7 @@ def single_prompt(prompt: str | list[int] | list[str] | list[list[int]]) -> str 
         return prompt[0]
     if not prompt:
         raise OpenAIError(400, "prompt must not be empty", param="prompt")
-    return prompt
+    return cast(str | list[int], prompt)
 
 
 def sampling_params(req: SamplingFields, prompt_len: int, max_model_len: int, logprobs: int | None):

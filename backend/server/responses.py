@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 import uuid
 
+from backend.engine.outputs import Logprob
+
 
 class ResponseFormatter:
     """Shared state and logprob conversion; subclasses shape chat or completion bodies."""
@@ -53,10 +55,23 @@ class ResponseFormatter:
         decoded = entry.decoded_token if entry is not None else None
         return decoded if decoded is not None else self.tokenizer.decode([token_id])
 
-    def ranked(self, entries: dict) -> list[tuple[int, object]]:
+    def ranked(self, entries: dict[int, Logprob]) -> list[tuple[int, Logprob]]:
         """The top-N alternatives of one position, most likely first."""
         ordered = sorted(entries.items(), key=lambda kv: kv[1].rank)
         return [(tid, lp) for tid, lp in ordered if lp.rank <= (self.top_logprobs or 0)]
+
+    # The body shapes each subclass writes (chat.completion or text_completion, whole or streamed).
+    def first_chunk(self, include_usage: bool) -> dict | None:
+        raise NotImplementedError
+
+    def chunk(self, output, include_usage: bool) -> dict | None:
+        raise NotImplementedError
+
+    def usage_chunk(self, output) -> dict:
+        raise NotImplementedError
+
+    def response(self, output) -> dict:
+        raise NotImplementedError
 
 
 class ChatFormatter(ResponseFormatter):
@@ -137,7 +152,7 @@ class CompletionFormatter(ResponseFormatter):
     def logprobs(self, ids: list[int], logprobs: list | None) -> dict | None:
         if logprobs is None or self.top_logprobs is None:
             return None
-        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for tid, entries in zip(ids, logprobs, strict=True):
             token = self.token_text(tid, entries.get(tid))
             out["tokens"].append(token)

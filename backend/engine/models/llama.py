@@ -154,7 +154,7 @@ class Attention(nn.Module):
             q, k, v = heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         else:
             qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)  # q heads, then k heads
-            if self.q_norm is not None:
+            if self.q_norm is not None and self.k_norm is not None:
                 qk = torch.cat(
                     (self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])), 1
                 )
@@ -224,7 +224,7 @@ class LlamaForCausalLM(nn.Module):
         return F.linear(x, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(x)
 
     def weights_bytes(self) -> int:
-        tensors = [*self.parameters()]
+        tensors: list[torch.Tensor] = [*self.parameters()]
         tensors += [t for m in self.modules() if isinstance(m, Linear) for t in m.prepared_tensors()]
         return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -262,7 +262,7 @@ class LlamaForCausalLM(nn.Module):
             if name not in own:
                 raise ValueError(f"unexpected weight {name!r} in the checkpoint")
             own.pop(name).data.copy_(tensor)
-        for name, pieces in parts.items():
-            own.pop(name).data.copy_(torch.cat([pieces[i] for i in sorted(pieces)], dim=0))
+        for name, shards in parts.items():
+            own.pop(name).data.copy_(torch.cat([shards[i] for i in sorted(shards)], dim=0))
         if own:
             raise ValueError(f"weights missing from the checkpoint: {sorted(own)[:5]}")
