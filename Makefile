@@ -1,4 +1,4 @@
-# Two commands do all the set-up: `make run` and `make test`.
+# Two commands do all the set-up: `make run` and `make test` (`make lint`: ruff + mypy over backend/).
 # Installs are keyed on the requirement files' contents: a second run reinstalls nothing.
 PYTHON ?= python3
 VENV := .venv
@@ -24,6 +24,7 @@ test: $(DEV_STAMP) $(VLLM_STAMP)
 lint: $(DEV_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 
 format: $(DEV_STAMP)
 	$(PY) -m ruff format .
