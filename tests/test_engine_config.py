@@ -23,6 +23,7 @@ from ui import launch_tab
 from ui.common import AppContext
 
 NAMES = [f.name for f in fields(EngineConfig)]
+EXPORTER = embedded.EmbeddedExporter()
 # a value other than the default for every field
 EVERYTHING_SET = EngineConfig(
     model="/models/m.gguf", dtype="float16", device="cuda:1", block_size=32, max_num_seqs=3,
@@ -100,11 +101,11 @@ def test_embedded_export_writes_every_field_it_sets_as_the_servers_flags():
     req = PlanRequest(model="/models/m.gguf", engine="embedded", quant="gguf", max_model_len=512,
                       max_num_seqs=4, max_num_batched_tokens=256, enable_prefix_caching=False)  # fmt: skip
     plan = resolve(req, ExportOptions(dtype="float32"))
-    config = embedded.engine_config(plan)
+    config = EXPORTER.engine_config(plan)
     assert (config.model, config.dtype, config.max_model_len, config.max_num_seqs) == (
         "/models/m.gguf", "float32", 512, 4,
     )  # fmt: skip
-    argv = [str(token) for token in embedded.command(plan, "127.0.0.1", 8000)]
+    argv = [str(token) for token in EXPORTER.command(plan, "127.0.0.1", 8000)]
     assert argv[:3] == ["python", "app.py", "serve"]
     assert EngineConfig.from_cli_args(server_parser().parse_args(argv[3:])) == config
     # every field that is set is written out, so launch.sh shows the whole configuration
@@ -115,7 +116,7 @@ def test_embedded_export_writes_every_field_it_sets_as_the_servers_flags():
 
 def test_embedded_python_snippet_passes_the_same_config_to_llm():
     plan = resolve(PlanRequest(model="/models/m.gguf", engine="embedded", quant="gguf"), ExportOptions())
-    tree = ast.parse(embedded.python_snippet(plan))
+    tree = ast.parse(EXPORTER.python_snippet(plan))
     call = next(
         node
         for node in ast.walk(tree)
@@ -123,7 +124,7 @@ def test_embedded_python_snippet_passes_the_same_config_to_llm():
     )
     kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
     model = ast.literal_eval(call.args[0])
-    assert EngineConfig.from_kwargs(model, **kwargs) == embedded.engine_config(plan)
+    assert EngineConfig.from_kwargs(model, **kwargs) == EXPORTER.engine_config(plan)
 
 
 def test_reading_the_config_and_the_server_cli_does_not_import_torch():

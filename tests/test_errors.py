@@ -10,7 +10,7 @@ from backend.engine.config import EngineConfig
 from backend.engine.loader import resolve_model
 from backend.errors import ModelNotFound, Unsupported, UserError
 from backend.export import ExportOptions, resolve
-from backend.export.embedded import engine_config
+from backend.export.embedded import EmbeddedExporter
 from backend.planner import PlanRequest, load_model_spec
 from ui.common import describe
 
@@ -30,5 +30,5 @@ def test_config_and_export_refusals_are_user_errors():
     plan = resolve(PlanRequest(model="meta-llama/Llama-3.1-8B-Instruct", engine="embedded", tp=2, num_gpus=2),
                    ExportOptions())  # fmt: skip
     with pytest.raises(Unsupported, match="one device") as info:
-        engine_config(plan)
+        EmbeddedExporter().engine_config(plan)
     assert isinstance(info.value, UserError) and describe(info.value) == str(info.value)
