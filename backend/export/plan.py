@@ -128,12 +128,6 @@ class ExportPlan:
     def nodes(self) -> int:
         return math.ceil(self.gpus_per_replica / self.options.gpus_per_node)
 
-    @property
-    def kv_fraction_of_gpu(self) -> float | None:
-        if self.kv_cache_bytes is None or not self.gpu_memory_bytes:
-            return None
-        return self.kv_cache_bytes / self.gpu_memory_bytes
-
     def sglang_mem_fraction_static(self) -> float:
         """SGLang: share of total GPU memory for weights plus KV cache (activations come on top)."""
         if self.kv_cache_bytes is None or self.weights_bytes is None or not self.gpu_memory_bytes:
