@@ -29,7 +29,8 @@ def test_start_vllm_from_the_launch_tab(page):
     page.get_by_text("External engines (vLLM, SGLang, llama.cpp)").click()
     assert "make vllm" not in page.locator("#external-engines").inner_text()  # vLLM is installed
     page.click("#external-start")
-    page.wait_for_selector("#external-message .msg-ok:has-text('started vllm')")
+    # the first start writes the default model's dense copy (a minute or two on busy cores)
+    page.wait_for_selector("#external-message .msg-ok:has-text('started vllm')", timeout=600_000)
     page.wait_for_selector("#external-state[data-state=starting] progress")
     page.wait_for_selector("#external-state[data-state=ready]", timeout=VLLM_START_MS)
     assert "KV cache" in page.locator("#external-state").inner_text()

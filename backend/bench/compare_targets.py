@@ -4,6 +4,7 @@ or any OpenAI-compatible URL; each with the planner's memory estimate for the sa
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import httpx
@@ -32,9 +33,10 @@ def model_folder(model: str | None, out: Path) -> str:
     if not str(source).endswith(".gguf"):
         return str(source)
     folder = out / "model-dense"
-    if not (folder / "model.safetensors").is_file():
+    if not (folder / "tokenizer_config.json").is_file():  # written last: a folder without it is partial
         from backend.engine.convert import convert_gguf
 
+        shutil.rmtree(folder, ignore_errors=True)
         convert_gguf(source, folder, dtype="bfloat16")
     return str(folder.resolve())
 
