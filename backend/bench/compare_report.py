@@ -59,7 +59,8 @@ def table_html(rows: list[CompareRow]) -> str:
         + "</tr>"
         for r, row in zip(rows, body, strict=True)
     )
-    return f"<table class='compare-table' id='compare-table'><tr>{head}</tr>{cells}</table>"
+    table = f"<table class='compare-table' id='compare-table'><tr>{head}</tr>{cells}</table>"
+    return f"<div style='overflow-x:auto'>{table}</div>"
 
 
 def over_time_figure(comparison: Comparison, key: str, title: str, scale: float = 1.0, unit: str = ""):
