@@ -188,9 +188,9 @@ def test_the_apps_own_metrics_and_benchmark_work_within_the_limits(app):
 
 
 def test_a_visitor_chats_within_the_token_limit(app):
-    result = app.api("chat", parameter_84="Hello!", **{"max tokens": MAX_TOKENS})
+    result = app.api("chat", message="Hello!", **{"max tokens": MAX_TOKENS})
     assert result[0][-1]["role"] == "assistant" and result[3] == ""
-    refused = app.api("chat", parameter_84="Hello!", **{"max tokens": MAX_TOKENS + 1})
+    refused = app.api("chat", message="Hello!", **{"max tokens": MAX_TOKENS + 1})
     assert f"max tokens must be at most {MAX_TOKENS}" in refused[3]
 
 

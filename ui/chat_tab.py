@@ -219,8 +219,11 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.Timer:
                 buttons=["copy"],
                 feedback_options=None,
             )
-            text = gr.Textbox(
-                placeholder="Ask something and press Enter", show_label=False, elem_id="chat-input"
+            text = gr.Textbox(  # the label names the API parameter ("message"); the page hides it
+                label="message",
+                placeholder="Ask something and press Enter",
+                show_label=False,
+                elem_id="chat-input",
             )
             with gr.Row():
                 send = gr.Button("Send", variant="primary", elem_id="chat-send")
