@@ -46,6 +46,9 @@ class EngineConfig:
     enable_prefix_caching: bool = knob(True, "reuse the KV blocks of shared prompt prefixes")
     seed: int = knob(0, "engine random seed", minimum=0)
     trust_remote_code: bool = knob(False, "run Python code shipped with the model")
+    dequantize_weights: bool = knob(
+        False, "expand a quantized checkpoint (GGUF) to dtype at load instead of running it as stored"
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -8,7 +8,8 @@ engine keeps its pure-PyTorch paths (the ones CUDA uses) and says why once; the 
 failure (no compiler, a cache folder that cannot be written or executed from, a build that fails or
 times out, a library that does not load). A cached library is loaded only when it and its folder belong
 to the current user and nobody else may write them; otherwise it is rebuilt (or the build is skipped).
-Set PLAYGROUND_CPU_KERNELS=0 to force the pure-PyTorch paths.
+Set PLAYGROUND_CPU_KERNELS=0 to force the pure-PyTorch paths, PLAYGROUND_CPU_KERNELS_MARCH to build
+for another -march than native (haswell: the AVX2 paths; x86-64: the plain C++ ones).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ import torch
 
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "paged_attention.cpp", CSRC / "layers.cpp"]
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+SOURCES = [CSRC / "paged_attention.cpp", CSRC / "layers.cpp", CSRC / "quantized.cpp"]
+FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 BUILD_TIMEOUT_S = 300  # a cold build takes seconds; a hung compiler must not hang the engine's start
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 PTR, INT, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -40,6 +41,9 @@ SIGNATURES = {
     "rms_norm": [PTR, PTR, PTR, INT, INT, FLOAT],
     "silu_and_mul": [PTR, PTR, INT, INT],
 }
+QUANT_TYPES = ("q4_0", "q4_1", "q8_0", "q4_k", "q6_k")  # csrc/quantized.cpp
+QUANT_SIGNATURES = {"quant_gemv": [PTR] * 4 + [INT] * 4, "quant_dequant": [PTR, PTR, INT, INT]}
+QUANT_GEMV_MAX_ROWS = 8  # csrc/quantized.cpp MAX_ROWS
 
 
 def cache_dir() -> Path:
@@ -83,10 +87,15 @@ def find_compiler() -> str:
     return found
 
 
+def compiler_flags() -> list[str]:
+    return [*FLAGS, f"-march={os.environ.get('PLAYGROUND_CPU_KERNELS_MARCH', 'native')}"]
+
+
 def library_path(compiler: str) -> Path:
     """Where the library built by this compiler for these sources, flags and CPU is cached."""
     source = b"".join(path.read_bytes() for path in sorted(CSRC.iterdir()))
-    key = hashlib.sha256(source + " ".join([compiler, *FLAGS, _cpu_id()]).encode()).hexdigest()[:16]
+    text = " ".join([compiler, *compiler_flags(), _cpu_id()])
+    key = hashlib.sha256(source + text.encode()).hexdigest()[:16]
     return cache_dir() / f"cpu_kernels-{key}.so"
 
 
@@ -114,7 +123,7 @@ def _load_or_build() -> ctypes.CDLL:
 def _build(compiler: str, path: Path) -> None:
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # build, then move: atomic for peers
         built = Path(tmp) / path.name
-        command = [compiler, *FLAGS, "-o", str(built), *map(str, SOURCES)]
+        command = [compiler, *compiler_flags(), "-o", str(built), *map(str, SOURCES)]
         try:
             result = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -134,9 +143,26 @@ def _open(path: Path) -> ctypes.CDLL:
                 getattr(library, f"{name}_{suffix}").restype = None
         library.linear_bf16_small.argtypes = [PTR] * 4 + [INT] * 3
         library.linear_bf16_small.restype = None
+        for name, argtypes in QUANT_SIGNATURES.items():
+            for qtype in QUANT_TYPES:
+                for suffix in SUFFIX.values():
+                    getattr(library, f"{name}_{qtype}_{suffix}").argtypes = argtypes
+                    getattr(library, f"{name}_{qtype}_{suffix}").restype = None
+        library.quant_vector_width.restype = ctypes.c_int
     except AttributeError as exc:  # a stale or foreign library
         raise KernelsUnavailable(f"{path} lacks a kernel: {exc}") from None
     return library
+
+
+def build_flags() -> str:
+    """The instruction sets the kernels were built for (the compiler's -march=native), for reports."""
+    library = load_library()
+    if library is None:
+        return "not built (pure PyTorch)"
+    wanted = ("avx512f", "avx512bw", "avx512_bf16", "avx512_vnni", "avx2", "fma", "f16c", "amx_bf16")
+    present = set(_cpu_id().split())
+    width = {16: "AVX-512", 8: "AVX2+FMA", 1: "scalar"}[library.quant_vector_width()]
+    return f"quantized kernels: {width}; cpu flags: {' '.join(f for f in wanted if f in present)}"
 
 
 def supports(device: torch.device, dtype: torch.dtype) -> bool:
@@ -231,5 +257,36 @@ def linear_bf16_small(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     assert lib is not None, "called only where supports() found the library"
     lib.linear_bf16_small(
         x.data_ptr(), weight.data_ptr(), bias_ptr, out.data_ptr(), x.shape[0], weight.shape[0], x.shape[1]
+    )
+    return out
+
+
+def quant_gemv(
+    x: torch.Tensor,  # [rows, k], rows <= QUANT_GEMV_MAX_ROWS, contiguous
+    data: torch.Tensor,  # [n, k / block_size * type_size] uint8: GGUF blocks
+    qtype: str,  # one of QUANT_TYPES
+    bias: torch.Tensor | None,  # [n], x's dtype
+    out: torch.Tensor,  # [rows, >= n] view of a contiguous [rows, ldy] tensor: columns 0..n-1 written
+) -> None:
+    assert x.is_contiguous() and x.shape[0] <= QUANT_GEMV_MAX_ROWS and out.stride(1) == 1
+    function = getattr(load_library(), f"quant_gemv_{qtype}_{SUFFIX[x.dtype]}")
+    bias_ptr = None if bias is None else bias.data_ptr()
+    function(
+        x.data_ptr(),
+        data.data_ptr(),
+        bias_ptr,
+        out.data_ptr(),
+        x.shape[0],
+        data.shape[0],
+        x.shape[1],
+        out.stride(0),
+    )
+
+
+def quant_dequant(data: torch.Tensor, qtype: str, out: torch.Tensor) -> torch.Tensor:
+    """GGUF blocks data [n, row_bytes] (contiguous) decoded into out [n, k] (contiguous, fp32 or bf16)."""
+    assert data.is_contiguous() and out.is_contiguous()
+    getattr(load_library(), f"quant_dequant_{qtype}_{SUFFIX[out.dtype]}")(
+        data.data_ptr(), out.data_ptr(), out.shape[0], out.shape[1]
     )
     return out

@@ -30,7 +30,10 @@ class LLMEngine:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        loaded = load_model(config.model, self.dtype, self.device, config.trust_remote_code)
+        loaded = load_model(
+            config.model, self.dtype, self.device, config.trust_remote_code, config.dequantize_weights
+        )
+        self.quantization = loaded.quantization
         self.model_name, self.tokenizer, self.eos_token_ids = (
             loaded.name,
             loaded.tokenizer,

@@ -1,19 +1,23 @@
 """Loading a model: a local HF folder (sharded safetensors), a GGUF file, or a Hub id.
 
-GGUF files are dequantized by transformers (the reference implementation), then we take its state dict.
+GGUF files keep their quantized tensors as stored (quantization/), unless dequantize_weights: then
+transformers (the reference implementation) dequantizes the whole file and we take its state dict.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from backend.engine.models.llama import LlamaForCausalLM, ModelArgs
+from backend.engine.models.llama import FUSED, LlamaForCausalLM, ModelArgs
+from backend.engine.quantization.gguf_reader import QuantizedWeight, read_gguf_tensors
+from backend.engine.quantization.quantized_linear import install_quantized
 from backend.errors import ModelNotFound
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -30,6 +34,7 @@ class LoadedModel:
     tokenizer: Any
     name: str
     eos_token_ids: list[int]
+    quantization: str | None = None  # e.g. "gguf Q4_1 (210 tensors), Q8_0 (1)": what runs quantized
 
 
 def resolve_model(model: str) -> tuple[str, str | None]:
@@ -80,6 +85,25 @@ def read_gguf(folder: str, gguf_file: str, trust_remote_code: bool) -> tuple[Any
     return hf_model.config, hf_model.state_dict()
 
 
+def read_gguf_quantized(
+    folder: str, gguf_file: str, trust_remote_code: bool
+) -> tuple[Any, dict[str, torch.Tensor], dict[str, QuantizedWeight]]:
+    """(config, plain tensors, quantized weights) of a GGUF file, its quantized tensors kept as stored."""
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(folder, gguf_file=gguf_file, trust_remote_code=trust_remote_code)
+    architecture_of(hf_config)
+    plain, quantized = read_gguf_tensors(str(Path(folder) / gguf_file), hf_config)
+    return hf_config, plain, quantized
+
+
+def describe_quantization(quantized: dict[str, QuantizedWeight]) -> str | None:
+    counts: dict[str, int] = {}
+    for weight in quantized.values():
+        counts[weight.qtype.upper()] = counts.get(weight.qtype.upper(), 0) + 1
+    return "gguf " + ", ".join(f"{t} ({n} tensors)" for t, n in counts.items()) if counts else None
+
+
 def read_state_dict(folder: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
@@ -103,7 +127,7 @@ def read_state_dict(folder: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def model_args(hf_config: Any, state: dict[str, torch.Tensor]) -> ModelArgs:
+def model_args(hf_config: Any, state: Mapping[str, object]) -> ModelArgs:
     if getattr(hf_config, "hidden_act", "silu") != "silu":
         raise ValueError(f"Unsupported hidden_act {hf_config.hidden_act!r}; supported: silu")
     heads = hf_config.num_attention_heads
@@ -146,13 +170,20 @@ def rope_tables(hf_config: Any, head_dim: int, max_positions: int) -> tuple[torc
 
 
 def load_model(
-    model: str, dtype: torch.dtype, device: torch.device, trust_remote_code: bool = False
+    model: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    trust_remote_code: bool = False,
+    dequantize_weights: bool = False,
 ) -> LoadedModel:
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     folder, gguf_file = resolve_model(model)
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    if gguf_file:  # parsing a GGUF file is slow: read the config and the weights in one pass
+    quantized: dict[str, QuantizedWeight] = {}
+    if gguf_file and not dequantize_weights:
+        hf_config, state, quantized = read_gguf_quantized(folder, gguf_file, trust_remote_code)
+    elif gguf_file:  # parsing a GGUF file is slow: read the config and the weights in one pass
         hf_config, state = read_gguf(folder, gguf_file, trust_remote_code)
         architecture_of(hf_config)
     else:
@@ -160,10 +191,13 @@ def load_model(
         architecture_of(hf_config)  # fail fast, before reading weights
         state = read_state_dict(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code, **kwargs)
-    args = model_args(hf_config, state)
+    args = model_args(hf_config, {**state, **quantized})
     with torch.device("meta"):
         net = LlamaForCausalLM(args)
     net = net.to_empty(device=device).to(dtype)
+    for weight in quantized.values():
+        weight.data = weight.data.to(device)
+    state |= install_quantized(net, quantized, FUSED)
     net.load_hf_state_dict(state)
     del state
     net.prepare_weights()
@@ -174,4 +208,4 @@ def load_model(
         gen_eos = getattr(hf_config, "eos_token_id", None)
     eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
     name = Path(gguf_file).name.split(".")[0] if gguf_file else Path(model.rstrip("/")).name
-    return LoadedModel(net.eval(), hf_config, tokenizer, name, sorted(eos))
+    return LoadedModel(net.eval(), hf_config, tokenizer, name, sorted(eos), describe_quantization(quantized))

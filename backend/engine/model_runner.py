@@ -26,8 +26,8 @@ class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int) -> None:
         self.model = model
         args = model.args
-        self.device = model.embed_tokens.weight.device
-        self.dtype = model.embed_tokens.weight.dtype
+        self.device = model.norm.weight.device
+        self.dtype = model.norm.weight.dtype
         self.block_size = block_size
         shape = (args.num_kv_heads, num_blocks, block_size, args.head_dim)
         self.kv_caches = [
@@ -42,7 +42,7 @@ class ModelRunner:
     @staticmethod
     def bytes_per_block(model: LlamaForCausalLM, block_size: int) -> int:
         args = model.args
-        element = model.embed_tokens.weight.element_size()
+        element = model.norm.weight.element_size()
         return 2 * args.num_layers * block_size * args.num_kv_heads * args.head_dim * element
 
     @property

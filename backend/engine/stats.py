@@ -39,6 +39,7 @@ class StatsSource(Protocol):
     device: torch.device
     dtype: torch.dtype
     weights_bytes: int
+    quantization: str | None
     max_model_len: int
     block_manager: BlockManager
     scheduler: Scheduler
@@ -77,6 +78,7 @@ class EngineStats:
     num_steps_total: int
     step_time_last_s: float
     step_time_mean_s: float
+    quantization: str | None  # what runs quantized, e.g. "gguf Q4_1 (210 tensors)"; None: dense
     weights_bytes: int
     kv_pool_bytes: int
     rss_bytes: int
@@ -120,6 +122,7 @@ def engine_stats(engine: StatsSource) -> EngineStats:
         num_steps_total=counters.num_steps,
         step_time_last_s=counters.step_time_last_s,
         step_time_mean_s=counters.step_time_total_s / max(1, counters.num_steps),
+        quantization=engine.quantization,
         weights_bytes=engine.weights_bytes,
         kv_pool_bytes=engine.runner.kv_pool_bytes,
         rss_bytes=psutil.Process(os.getpid()).memory_info().rss,

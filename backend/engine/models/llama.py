@@ -16,6 +16,11 @@ from torch import nn
 from backend.engine import cpu_kernels
 from backend.engine.attention import AttentionMetadata, paged_attention, write_kv_cache
 from backend.engine.device import cpu_has_fast_bf16
+from backend.engine.quantization.quantized_linear import QuantizedEmbedding, QuantizedLinear
+
+# checkpoint projection -> (the fused layer holding it, its index there)
+FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2)}
+FUSED |= {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
 
 @dataclass(slots=True)
@@ -199,10 +204,12 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.embed_tokens: nn.Embedding | QuantizedEmbedding = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.lm_head = None if args.tie_word_embeddings else Linear(args.hidden_size, args.vocab_size, False)
+        self.lm_head: Linear | QuantizedLinear | None = (
+            None if args.tie_word_embeddings else Linear(args.hidden_size, args.vocab_size, False)
+        )
         self.rope_cos = self.rope_sin = torch.empty(0)  # [max_positions, D], set by the loader
 
     def forward(
@@ -221,34 +228,38 @@ class LlamaForCausalLM(nn.Module):
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x = layer(x, rope, k_cache, v_cache, meta)
         x = self.norm(x[logits_indices])
-        return F.linear(x, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(x)
+        if self.lm_head is None:
+            assert isinstance(self.embed_tokens, nn.Embedding)  # a quantized one comes with its lm_head
+            return F.linear(x, self.embed_tokens.weight)
+        return self.lm_head(x)
 
     def weights_bytes(self) -> int:
         tensors: list[torch.Tensor] = [*self.parameters()]
         tensors += [t for m in self.modules() if isinstance(m, Linear) for t in m.prepared_tensors()]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        blocks = {t.data_ptr(): t for t in self.buffers()}  # quantized; a tied embedding's count once
+        return sum(t.numel() * t.element_size() for t in [*tensors, *blocks.values()])
 
     def prepare_weights(self) -> None:
         """Pack every projection for oneDNN on the CPU (see Linear), a tied lm_head getting its own packed
         copy of the embedding, and switch norms, MLPs and small bf16 products to cpu_kernels when built."""
-        weight = self.embed_tokens.weight
+        weight = self.norm.weight
         if can_prepare(weight):
-            if self.lm_head is None:
+            if self.lm_head is None and isinstance(self.embed_tokens, nn.Embedding):
                 self.lm_head = Linear(self.args.hidden_size, self.args.vocab_size, False, device="meta")
-                self.lm_head.weight = weight  # shared; prepare() packs a copy
+                self.lm_head.weight = self.embed_tokens.weight  # shared; prepare() packs a copy
             for module in self.modules():
                 if isinstance(module, Linear):
                     module.prepare()
         use_kernels = cpu_kernels.supports(weight.device, weight.dtype)
+        kernel_users = (Linear, RMSNorm, MLP, Attention, QuantizedLinear, QuantizedEmbedding)
         for module in self.modules():
-            if isinstance(module, (Linear, RMSNorm, MLP, Attention)):
+            if isinstance(module, kernel_users):
                 module.use_kernel = use_kernels
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy a transformers-named state dict in, fusing q/k/v and gate/up."""
         own = dict(self.named_parameters())
-        fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2)}
-        fused |= {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+        fused = FUSED
         parts: dict[str, dict[int, torch.Tensor]] = {}
         for name, tensor in state_dict.items():
             name = name.removeprefix("model.")

@@ -1,0 +1,268 @@
+// GGUF-quantized weights on the CPU, kept in ggml's block layouts (ggml-quants.h): Q4_0, Q4_1, Q8_0 (32
+// weights a block) and Q4_K, Q6_K (256 weights a super-block). A weight matrix [n, k] is n rows of k / QK
+// blocks each. Two kernels per type, for activations in fp32 or bf16:
+//   quant_gemv_*:    y [rows, n] (row stride ldy) = x [rows, k] @ W^T (+ bias), for 1..MAX_ROWS rows: each
+//                    block is decoded to fp32 once, in cache, and multiplied into every row (the decode hot
+//                    path: memory traffic is the quantized bytes)
+//   quant_dequant_*: out [n, k] = W decoded, for a GEMM by torch (prefill, large batches) or an embedding
+// Decoding computes exactly what gguf-py's dequantize_blocks computes; products are summed in fp32 in
+// vector registers: AVX-512 or AVX2+FMA when the build (-march=native) has them, plain C++ otherwise.
+// Built and loaded by backend/engine/cpu_kernels.py.
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "dtypes.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define VEC_WIDTH 16
+using Vec = __m512;
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline Vec vload(const float *p) { return _mm512_loadu_ps(p); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float vsum(Vec a) { return _mm512_reduce_add_ps(a); }
+inline Vec vset(float x) { return _mm512_set1_ps(x); }
+inline Vec vnibbles(const uint8_t *p, int shift) {  // 16 bytes -> their low (shift 0) or high nibbles
+    const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
+    return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(z, shift), _mm512_set1_epi32(15)));
+}
+inline Vec vint8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define VEC_WIDTH 8
+using Vec = __m256;
+inline Vec vzero() { return _mm256_setzero_ps(); }
+inline Vec vload(const float *p) { return _mm256_loadu_ps(p); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float vsum(Vec a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+inline Vec vset(float x) { return _mm256_set1_ps(x); }
+inline Vec vnibbles(const uint8_t *p, int shift) {  // 8 bytes -> their low (shift 0) or high nibbles
+    const __m256i z = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p)));
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(z, shift), _mm256_set1_epi32(15)));
+}
+inline Vec vint8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p))));
+}
+#else
+#define VEC_WIDTH 1
+using Vec = float;
+inline Vec vzero() { return 0.0f; }
+inline Vec vload(const float *p) { return *p; }
+inline Vec vfma(Vec a, Vec b, Vec c) { return a * b + c; }
+inline float vsum(Vec a) { return a; }
+inline Vec vset(float x) { return x; }
+inline Vec vnibbles(const uint8_t *p, int shift) { return float((*p >> shift) & 15); }
+inline Vec vint8(const int8_t *p) { return float(*p); }
+#endif
+
+namespace {
+
+constexpr int MAX_ROWS = 8;
+constexpr int CHUNK = 32;  // weights per accumulator set: every block size is a multiple
+constexpr int LANES = CHUNK / VEC_WIDTH;
+
+inline float f16(const uint8_t *p) {  // IEEE half (little-endian) to float
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else {  // subnormal half: man * 2^-24, exact in a float
+        const float f = float(man) * 5.9604644775390625e-08f;
+        return sign ? -f : f;
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// lanes v of a 32-weight block of nibbles: weights v * W .. v * W + W - 1 (low nibbles first)
+inline Vec nibble_lane(const uint8_t *qs, int v) {
+    return vnibbles(qs + (v * VEC_WIDTH) % 16, v * VEC_WIDTH >= 16 ? 4 : 0);
+}
+
+struct Q4_0 {
+    static constexpr int QK = 32, BYTES = 18;
+    static void vectors(const uint8_t *b, Vec *w) {
+        const Vec d = vset(f16(b)), eight = vset(8.0f);
+        for (int v = 0; v < LANES; v++) w[v] = d * (nibble_lane(b + 2, v) - eight);
+    }
+    static void decode(const uint8_t *b, float *w) {
+        const float d = f16(b);
+        for (int i = 0; i < 16; i++) {
+            w[i] = d * float(int(b[2 + i] & 15) - 8);
+            w[i + 16] = d * float(int(b[2 + i] >> 4) - 8);
+        }
+    }
+};
+
+struct Q4_1 {
+    static constexpr int QK = 32, BYTES = 20;
+    static void vectors(const uint8_t *b, Vec *w) {
+        const Vec d = vset(f16(b)), m = vset(f16(b + 2));
+        for (int v = 0; v < LANES; v++) w[v] = vfma(d, nibble_lane(b + 4, v), m);
+    }
+    static void decode(const uint8_t *b, float *w) {
+        const float d = f16(b), m = f16(b + 2);
+        for (int i = 0; i < 16; i++) {
+            w[i] = d * float(b[4 + i] & 15) + m;
+            w[i + 16] = d * float(b[4 + i] >> 4) + m;
+        }
+    }
+};
+
+struct Q8_0 {
+    static constexpr int QK = 32, BYTES = 34;
+    static void vectors(const uint8_t *b, Vec *w) {
+        const Vec d = vset(f16(b));
+        const int8_t *q = reinterpret_cast<const int8_t *>(b + 2);
+        for (int v = 0; v < LANES; v++) w[v] = vint8(q + v * VEC_WIDTH) * d;
+    }
+    static void decode(const uint8_t *b, float *w) {
+        const float d = f16(b);
+        const int8_t *q = reinterpret_cast<const int8_t *>(b + 2);
+        for (int i = 0; i < 32; i++) w[i] = float(q[i]) * d;
+    }
+};
+
+struct Q4_K {  // d, dmin, 12 bytes of 6-bit scales and mins for 8 sub-blocks, 128 bytes of nibbles
+    static constexpr int QK = 256, BYTES = 144;
+    static void decode(const uint8_t *b, float *w) {
+        const float d = f16(b), dmin = f16(b + 2);
+        const uint8_t *s = b + 4, *qs = b + 16;
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            if (j < 4) {
+                sc = s[j] & 63;
+                m = s[j + 4] & 63;
+            } else {
+                sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+                m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+            }
+            const float scale = d * float(sc), offset = dmin * float(m);
+            const uint8_t *q = qs + (j / 2) * 32;
+            const int shift = (j % 2) * 4;
+            for (int i = 0; i < 32; i++) w[j * 32 + i] = scale * float((q[i] >> shift) & 15) - offset;
+        }
+    }
+};
+
+struct Q6_K {  // 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, d
+    static constexpr int QK = 256, BYTES = 210;
+    static void decode(const uint8_t *b, float *w) {
+        const uint8_t *ql = b, *qh = b + 128;
+        const int8_t *scales = reinterpret_cast<const int8_t *>(b + 192);
+        const float d = f16(b + 208);
+        for (int e = 0; e < 256; e++) {
+            const int half = e / 128, s = (e % 128) / 32, l = e % 32;
+            const uint8_t low = ql[half * 64 + (s % 2) * 32 + l];
+            const int lo = s < 2 ? (low & 15) : (low >> 4);
+            const int hi = (qh[half * 32 + l] >> (2 * s)) & 3;
+            w[e] = (d * float(scales[e / 16])) * float((lo | (hi << 4)) - 32);
+        }
+    }
+};
+
+// rows R known at compile time, so the R x LANES accumulators live in registers
+template <typename B, int R, typename T>
+void gemv_rows(const float *x, const uint8_t *w, const T *bias, T *y, int64_t n, int64_t k, int64_t ldy) {
+    const int64_t blocks = k / B::QK, row_bytes = blocks * B::BYTES;
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < n; j++) {
+        alignas(64) float decoded[B::QK];
+        Vec acc[R][LANES];
+        for (int r = 0; r < R; r++)
+            for (int v = 0; v < LANES; v++) acc[r][v] = vzero();
+        const uint8_t *row = w + j * row_bytes;
+        for (int64_t b = 0; b < blocks; b++) {
+            if constexpr (B::QK == CHUNK) {  // decoded in registers
+                Vec wv[LANES];
+                B::vectors(row + b * B::BYTES, wv);
+                for (int r = 0; r < R; r++) {
+                    const float *xr = x + r * k + b * CHUNK;
+                    for (int v = 0; v < LANES; v++) acc[r][v] = vfma(wv[v], vload(xr + v * VEC_WIDTH), acc[r][v]);
+                }
+                continue;
+            }
+            B::decode(row + b * B::BYTES, decoded);
+            for (int c = 0; c < B::QK; c += CHUNK) {
+                for (int r = 0; r < R; r++) {
+                    const float *xr = x + r * k + b * B::QK + c;
+                    for (int v = 0; v < LANES; v++)
+                        acc[r][v] = vfma(vload(decoded + c + v * VEC_WIDTH), vload(xr + v * VEC_WIDTH), acc[r][v]);
+                }
+            }
+        }
+        const float extra = bias ? to_float(bias[j]) : 0.0f;
+        for (int r = 0; r < R; r++) {
+            float sum = 0.0f;
+            for (int v = 0; v < LANES; v++) sum += vsum(acc[r][v]);
+            store(y[r * ldy + j], sum + extra);
+        }
+    }
+}
+
+template <typename B, typename T>
+void gemv(const T *x, const uint8_t *w, const T *bias, T *y, int64_t rows, int64_t n, int64_t k, int64_t ldy) {
+    std::vector<float> xf(rows * k);
+    for (int64_t i = 0; i < rows * k; i++) xf[i] = to_float(x[i]);
+    const float *xp = xf.data();
+    switch (rows) {
+        case 1: return gemv_rows<B, 1>(xp, w, bias, y, n, k, ldy);
+        case 2: return gemv_rows<B, 2>(xp, w, bias, y, n, k, ldy);
+        case 3: return gemv_rows<B, 3>(xp, w, bias, y, n, k, ldy);
+        case 4: return gemv_rows<B, 4>(xp, w, bias, y, n, k, ldy);
+        case 5: return gemv_rows<B, 5>(xp, w, bias, y, n, k, ldy);
+        case 6: return gemv_rows<B, 6>(xp, w, bias, y, n, k, ldy);
+        case 7: return gemv_rows<B, 7>(xp, w, bias, y, n, k, ldy);
+        default: return gemv_rows<B, MAX_ROWS>(xp, w, bias, y, n, k, ldy);
+    }
+}
+
+template <typename B, typename T>
+void dequant(const uint8_t *w, T *out, int64_t n, int64_t k) {
+    const int64_t blocks = k / B::QK, row_bytes = blocks * B::BYTES;
+#pragma omp parallel for schedule(static) if (n > 1)
+    for (int64_t j = 0; j < n; j++) {
+        alignas(64) float decoded[B::QK];
+        for (int64_t b = 0; b < blocks; b++) {
+            B::decode(w + j * row_bytes + b * B::BYTES, decoded);
+            T *o = out + j * k + b * B::QK;
+            for (int i = 0; i < B::QK; i++) store(o[i], decoded[i]);
+        }
+    }
+}
+
+}  // namespace
+
+#define EXPORT(TYPE, NAME, T, SUFFIX)                                                                       \
+    extern "C" void quant_gemv_##NAME##_##SUFFIX(const T *x, const uint8_t *w, const T *bias, T *y,        \
+                                                 int64_t rows, int64_t n, int64_t k, int64_t ldy) {         \
+        gemv<TYPE>(x, w, bias, y, rows, n, k, ldy);                                                          \
+    }                                                                                                        \
+    extern "C" void quant_dequant_##NAME##_##SUFFIX(const uint8_t *w, T *out, int64_t n, int64_t k) {     \
+        dequant<TYPE>(w, out, n, k);                                                                         \
+    }
+#define EXPORT_TYPE(TYPE, NAME) \
+    EXPORT(TYPE, NAME, float, f32) \
+    EXPORT(TYPE, NAME, BFloat16, bf16)
+
+EXPORT_TYPE(Q4_0, q4_0)
+EXPORT_TYPE(Q4_1, q4_1)
+EXPORT_TYPE(Q8_0, q8_0)
+EXPORT_TYPE(Q4_K, q4_k)
+EXPORT_TYPE(Q6_K, q6_k)
+
+extern "C" int quant_vector_width() { return VEC_WIDTH; }

@@ -1,0 +1,1 @@
+"""Weights kept in their checkpoint's quantized format and computed from directly (GGUF blocks)."""

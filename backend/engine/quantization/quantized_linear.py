@@ -1,0 +1,162 @@
+"""Layers over GGUF-quantized weights, and installing them into a model in place of its dense ones.
+
+QuantizedLinear computes x @ W^T from W's blocks: batches of up to cpu_kernels.QUANT_GEMV_MAX_ROWS rows go
+through the fused decode + matrix-vector kernel (each block read once, decoded in cache); larger ones
+decode W a tile of rows at a time into a scratch buffer shared by all layers and multiply the tile with
+torch's GEMM. Without the kernels (CUDA, PLAYGROUND_CPU_KERNELS=0, no compiler) tiles are decoded by
+gguf_blocks in PyTorch. A fused projection (q/k/v, gate/up) holds one part per checkpoint tensor, so parts
+of different types (Q4_K q with Q6_K v) stay as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from backend.engine import cpu_kernels
+from backend.engine.device import cpu_has_fast_bf16
+from backend.engine.quantization.gguf_blocks import dequantize
+from backend.engine.quantization.gguf_reader import QuantizedWeight
+
+if TYPE_CHECKING:
+    from backend.engine.models.llama import LlamaForCausalLM
+
+log = logging.getLogger(__name__)
+TILE_WEIGHTS = 1 << 20  # weights decoded per GEMM call: 2-4 MB, about an L2 cache
+
+
+class Scratch:
+    """One reusable decode buffer per (dtype, device) for all the layers of a model."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+    def get(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        buffer = self.buffers.get((dtype, device))
+        if buffer is None or buffer.numel() < numel:
+            buffer = self.buffers[(dtype, device)] = torch.empty(numel, dtype=dtype, device=device)
+        return buffer[:numel]
+
+
+def decode_rows(
+    part: QuantizedWeight, data: torch.Tensor, out: torch.Tensor, use_kernel: bool
+) -> torch.Tensor:
+    """Rows data [r, row_bytes] of part decoded into out [r, k]."""
+    if use_kernel:
+        return cpu_kernels.quant_dequant(data, part.qtype, out)
+    return out.copy_(dequantize(data, part.qtype))
+
+
+def merge_same_type(parts: list[QuantizedWeight]) -> list[QuantizedWeight]:
+    """Neighbouring parts of one type joined into one (rows are whole blocks): fewer kernel calls."""
+    merged = [parts[0]]
+    for part in parts[1:]:
+        last = merged[-1]
+        if part.qtype != last.qtype:
+            merged.append(part)
+            continue
+        data = torch.cat((last.data, part.data))
+        merged[-1] = QuantizedWeight(part.qtype, data, (last.shape[0] + part.shape[0], part.shape[1]))
+    return merged
+
+
+class QuantizedLinear(nn.Module):
+    use_kernel = False  # set by LlamaForCausalLM.prepare_weights when cpu_kernels serve this model
+
+    def __init__(
+        self, parts: list[QuantizedWeight], bias: bool, scratch: Scratch, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        assert len({p.shape[1] for p in parts}) == 1, "fused parts share the input size"
+        self.parts = merge_same_type(parts)
+        for i, part in enumerate(parts):
+            self.register_buffer(f"qweight_{i}", part.data)  # counted by weights_bytes, moved by .to()
+        self.in_features = parts[0].shape[1]
+        self.out_features = sum(p.shape[0] for p in parts)
+        device = parts[0].data.device
+        self.bias = nn.Parameter(torch.zeros(self.out_features, dtype=dtype, device=device)) if bias else None
+        self.scratch = scratch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [rows, in_features]
+        rows = x.shape[0]
+        if self.use_kernel and rows <= cpu_kernels.QUANT_GEMV_MAX_ROWS and x.is_contiguous():
+            out = x.new_empty(rows, self.out_features)
+            start = 0
+            for part in self.parts:
+                stop = start + part.shape[0]
+                bias = None if self.bias is None else self.bias[start:stop]
+                cpu_kernels.quant_gemv(x, part.data, part.qtype, bias, out[:, start:stop])
+                start = stop
+            return out
+        return self.tiled_matmul(x)
+
+    def tiled_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        fast = x.device.type == "cuda" or x.dtype == torch.float32 or cpu_has_fast_bf16()
+        compute = x if fast else x.float()  # bf16 GEMMs without bf16 units: fp32 (see llama.Linear)
+        out = compute.new_empty(x.shape[0], self.out_features)
+        tile_rows = max(1, TILE_WEIGHTS // self.in_features)
+        start = 0
+        for part in self.parts:
+            for first in range(0, part.shape[0], tile_rows):
+                last = min(first + tile_rows, part.shape[0])
+                buffer = self.scratch.get((last - first) * self.in_features, compute.dtype, x.device)
+                tile = decode_rows(
+                    part, part.data[first:last], buffer.view(last - first, -1), self.use_kernel
+                )
+                torch.mm(compute, tile.t(), out=out[:, start + first : start + last])
+            start += part.shape[0]
+        if self.bias is not None:
+            out += self.bias
+        return out.to(x.dtype)
+
+
+class QuantizedEmbedding(nn.Module):
+    use_kernel = False
+
+    def __init__(self, weight: QuantizedWeight, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight_q = weight
+        self.register_buffer("qweight", weight.data)
+        self.dtype = dtype
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
+        rows = self.weight_q.data.index_select(0, input_ids)
+        out = torch.empty(rows.shape[0], self.weight_q.shape[1], dtype=self.dtype, device=rows.device)
+        return decode_rows(self.weight_q, rows, out, self.use_kernel)
+
+
+def install_quantized(
+    model: LlamaForCausalLM, quantized: dict[str, QuantizedWeight], fused: dict[str, tuple[str, int]]
+) -> dict[str, torch.Tensor]:
+    """Replace the model's dense layers that quantized (transformers' names) covers with quantized ones.
+
+    fused maps a checkpoint projection name to (the model's fused layer, index), e.g. q_proj ->
+    (qkv_proj, 0). Returns the weights it could not keep quantized (a fused layer whose parts are not all
+    quantized), dequantized, for the dense path."""
+    dtype = model.norm.weight.dtype
+    scratch = Scratch()
+    groups: dict[str, dict[int, tuple[str, QuantizedWeight]]] = {}
+    for name, weight in quantized.items():
+        pieces = name.removeprefix("model.").split(".")[:-1]  # drop ".weight"
+        target, index = fused.get(pieces[-1], (pieces[-1], 0))
+        groups.setdefault(".".join([*pieces[:-1], target]), {})[index] = (name, weight)
+    leftovers: dict[str, torch.Tensor] = {}
+    for path, parts in groups.items():
+        weights = [parts[i][1] for i in sorted(parts)]
+        if path == "embed_tokens":
+            model.embed_tokens = QuantizedEmbedding(weights[0], dtype)
+            if model.lm_head is None:  # tied: the output projection reads the same blocks
+                model.lm_head = QuantizedLinear(weights, False, scratch, dtype)
+            continue
+        parent_path, _, child = path.rpartition(".")
+        parent = model.get_submodule(parent_path) if parent_path else model
+        dense = getattr(parent, child)
+        if sum(w.shape[0] for w in weights) != dense.out_features:
+            log.warning("%s: only some of its parts are quantized; dequantizing it at load", path)
+            leftovers |= {name: dequantize(w.data, w.qtype) for name, w in parts.values()}
+            continue
+        setattr(parent, child, QuantizedLinear(weights, dense.bias is not None, scratch, dtype))
+    return leftovers
