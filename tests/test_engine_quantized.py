@@ -153,9 +153,9 @@ def test_mixed_types_token_identical_to_dequantized_fp32(mixed_gguf, caplog, mon
     reference, dense_stats = greedy(str(mixed_gguf), dequantize_weights=True)
     assert tokens == reference
     for name in ("Q4_K", "Q6_K", "Q4_0", "Q4_1", "Q8_0"):
-        assert name in stats["quantization"]
-    assert dense_stats["quantization"] is None
-    assert stats["weights_bytes"] < dense_stats["weights_bytes"] / 2
+        assert name in stats.quantization
+    assert dense_stats.quantization is None
+    assert stats.weights_bytes < dense_stats.weights_bytes / 2
     monkeypatch.setenv("PLAYGROUND_CPU_KERNELS", "0")  # the PyTorch path (the one CUDA takes)
     assert greedy(str(mixed_gguf))[0] == reference
 
@@ -164,4 +164,4 @@ def test_mixed_types_token_identical_to_dequantized_fp32(mixed_gguf, caplog, mon
 def test_tied_quantized_embedding_token_identical(tied_q4_0_gguf):
     tokens, stats = greedy(str(tied_q4_0_gguf))
     assert tokens == greedy(str(tied_q4_0_gguf), dequantize_weights=True)[0]
-    assert stats["quantization"] == "gguf Q4_0 (15 tensors)"
+    assert stats.quantization == "gguf Q4_0 (15 tensors)"

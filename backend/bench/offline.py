@@ -6,8 +6,9 @@
 Modes: the engine (continuous batching), transformers `generate` in static left-padded batches, and
 transformers `generate_batch`-style continuous batching (its ContinuousBatchingManager, so that each
 request keeps its own max_tokens); also batch-1 decode speed and the time to first token of a 512-token
-prompt (measured right after the engine run). Output tokens/s counts the tokens each request asked for
-(greedy, ignore_eos).
+prompt (measured right after the engine run); for a quantized checkpoint (the default model is Q4_1),
+the engine running it as stored against the same engine dequantizing it at load (bench/quantized.py).
+Output tokens/s counts the tokens each request asked for (greedy, ignore_eos).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttft-prompt-len", type=int, default=512)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
-    parser.add_argument("--skip", default="", help="comma list of modes to skip: static,cb,batch1,ttft")
+    parser.add_argument("--skip", default="", help="comma list of modes to skip: static,cb,batch1,ttft,quant")
+    parser.add_argument("--quant-repeats", type=int, default=5, help="runs of each quantized/dense test")
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -176,6 +178,10 @@ def main(args: argparse.Namespace) -> int:
     if "ttft" not in skip:
         ttft = measure_ttft(llm, hf, work.prompts[0], args.ttft_prompt_len)
         print_table(f"TTFT of a {args.ttft_prompt_len}-token prompt (s, lower is better)", ttft, lower=True)
+    if "quant" not in skip:  # lazy: it imports this module
+        from backend.bench.quantized import compare
+
+        compare(llm, args, work, run_engine)
     if "static" not in skip:
         run_hf_static(hf, warm, args.batch_size)
         rows[f"transformers generate, static batch {args.batch_size}"] = work.output_tokens / run_hf_static(

@@ -8,7 +8,14 @@ from dataclasses import asdict, dataclass, field
 
 from backend.planner import memory, speed
 from backend.planner.catalog import GIB, get_gpu, get_kv_cache_dtype
-from backend.planner.memory_plan import CONTEXT_ENGINES, Layout, MemoryPlan, longest_sequence, plan_memory
+from backend.planner.memory_plan import (
+    CONTEXT_ENGINES,
+    EMBEDDED_AS_STORED,
+    Layout,
+    MemoryPlan,
+    longest_sequence,
+    plan_memory,
+)
 from backend.planner.request import PlanRequest, resolve_quant, validate_request
 from backend.planner.specs import ModelSpec
 from backend.planner.vllm_rules import resolve_limits
@@ -117,7 +124,7 @@ def _speed(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan, max
 def _format_warnings(req: PlanRequest, spec: ModelSpec, lay: Layout) -> list[str]:
     engine, quant, kv_dtype = req.engine, lay.quant, lay.kv_dtype
     warnings = []
-    if engine == "embedded" and quant.bits < 16:
+    if engine == "embedded" and quant.bits < 16 and quant.name not in EMBEDDED_AS_STORED:
         warnings.append(f"the embedded engine dequantizes {quant.name} weights to 16-bit at load time")
     if engine not in quant.engines:
         warnings.append(

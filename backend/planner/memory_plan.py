@@ -18,6 +18,8 @@ from backend.planner.request import PlanRequest
 from backend.planner.specs import ModelSpec
 from backend.planner.vllm_rules import SchedulerLimits
 
+# GGUF files whose block types the embedded engine keeps (backend/engine/quantization/gguf_blocks.py)
+EMBEDDED_AS_STORED = ("gguf-q4_0", "gguf-q4_1", "gguf-q8_0", "gguf-q4_k_s", "gguf-q4_k_m", "gguf-q6_k")
 LLAMA_UBATCH_LOGITS = memory.LLAMACPP_UBATCH * 4  # llama.cpp computes fp32 logits for a whole micro-batch
 
 
@@ -62,14 +64,17 @@ def _gib(nbytes: float) -> str:
 def _weights(req: PlanRequest, spec: ModelSpec, lay: Layout) -> tuple[int, float]:
     """(weight bytes per GPU, bytes per KV element) as the engine loads them."""
     per_replica = lay.tp * req.pp
-    if req.engine == "embedded":  # dequantizes every format (GGUF included) to its compute dtype
+    if req.engine == "embedded":  # GGUF of a kept type runs as stored; the rest is dequantized at load
         dtype_bytes = 4 if lay.quant.name == "fp32" else 2
+        kv_bytes = dtype_bytes if req.kv_cache_dtype == "auto" else lay.kv_dtype.bytes
+        if lay.quant.name == spec.checkpoint_dtype in EMBEDDED_AS_STORED:
+            return spec.weights_bytes // per_replica, kv_bytes
         weights = (
             math.ceil(spec.params_total - spec.params_by_kind.get("mtp", 0)) * dtype_bytes // per_replica
         )
         if lay.gpu.name == "CPU" and spec.tie_word_embeddings:  # its oneDNN-packed lm_head copy
             weights += spec.vocab_size * spec.hidden_size * dtype_bytes
-        return weights, (dtype_bytes if req.kv_cache_dtype == "auto" else lay.kv_dtype.bytes)
+        return weights, kv_bytes
     repacked = req.engine == "vllm" and not lay.gpu.fp4_native
     weights = memory.weight_bytes_per_gpu(spec, lay.quant, lay.tp, req.pp, repacked)
     fp32 = req.kv_cache_dtype == "auto" and lay.quant.name == "fp32"
