@@ -57,7 +57,7 @@ def compare(llm, args: argparse.Namespace, work: Workload, run_engine) -> None:
     from backend.engine import LLM, cpu_kernels
 
     stats = llm.stats()
-    if stats["quantization"] is None:
+    if stats.quantization is None:
         print("\nQuantized vs dequantized: skipped, the checkpoint is not quantized", flush=True)
         return
     dense = LLM(llm.llm_engine.config.model, dtype=args.dtype, device=args.device,
@@ -66,7 +66,7 @@ def compare(llm, args: argparse.Namespace, work: Workload, run_engine) -> None:
     stored_name, dense_name = f"as stored ({stats['quantization']})", f"dequantized to {args.dtype}"
     engines = {stored_name: llm, dense_name: dense}
     print(f"\nQuantized vs dequantized, {cpu_kernels.build_flags()}", flush=True)
-    weights = {name: e.stats()["weights_bytes"] / 1e6 for name, e in engines.items()}
+    weights = {name: e.stats().weights_bytes / 1e6 for name, e in engines.items()}
     print_table("Weights held (MB, lower is better)", weights, lower=True)
     prompt = work.prompts[0][:32]
     rates = decode_rates(engines, prompt, args.decode_tokens, args.quant_repeats)
