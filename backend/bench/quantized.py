@@ -63,7 +63,7 @@ def compare(llm, args: argparse.Namespace, work: Workload, run_engine) -> None:
     dense = LLM(llm.llm_engine.config.model, dtype=args.dtype, device=args.device,
                 max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                 dequantize_weights=True)  # fmt: skip
-    stored_name, dense_name = f"as stored ({stats['quantization']})", f"dequantized to {args.dtype}"
+    stored_name, dense_name = f"as stored ({stats.quantization})", f"dequantized to {args.dtype}"
     engines = {stored_name: llm, dense_name: dense}
     print(f"\nQuantized vs dequantized, {cpu_kernels.build_flags()}", flush=True)
     weights = {name: e.stats().weights_bytes / 1e6 for name, e in engines.items()}
