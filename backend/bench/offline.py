@@ -20,6 +20,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from backend.bench import quantized
+
 
 @dataclass(slots=True)
 class Workload:
@@ -178,10 +180,9 @@ def main(args: argparse.Namespace) -> int:
     if "ttft" not in skip:
         ttft = measure_ttft(llm, hf, work.prompts[0], args.ttft_prompt_len)
         print_table(f"TTFT of a {args.ttft_prompt_len}-token prompt (s, lower is better)", ttft, lower=True)
-    if "quant" not in skip:  # lazy: it imports this module
-        from backend.bench.quantized import compare
-
-        compare(llm, args, work, run_engine)
+    if "quant" not in skip:
+        for table in quantized.compare(llm, args, work, run_engine):
+            print_table(table.title, table.rows, lower=table.lower)
     if "static" not in skip:
         run_hf_static(hf, warm, args.batch_size)
         rows[f"transformers generate, static batch {args.batch_size}"] = work.output_tokens / run_hf_static(

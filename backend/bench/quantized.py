@@ -11,8 +11,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import dataclass
 
-from backend.bench.offline import Workload, print_table
+
+@dataclass(slots=True)
+class Table:
+    title: str
+    rows: dict[str, float]
+    lower: bool = False  # lower values are better
 
 
 def _decode_seconds(llm, prompt: list[int], tokens: int) -> float:
@@ -42,7 +48,7 @@ def decode_rates(engines: dict, prompt: list[int], tokens: int, repeats: int) ->
     }
 
 
-def throughputs(engines: dict, work: Workload, run_engine, repeats: int) -> dict[str, float]:
+def throughputs(engines: dict, work, run_engine, repeats: int) -> dict[str, float]:
     """Output tokens/s of each engine on the workload, medians of runs in A B B A order."""
     seconds: dict[str, list[float]] = {name: [] for name in engines}
     for repeat in range(repeats):
@@ -52,14 +58,15 @@ def throughputs(engines: dict, work: Workload, run_engine, repeats: int) -> dict
     return {name: work.output_tokens / statistics.median(times) for name, times in seconds.items()}
 
 
-def compare(llm, args: argparse.Namespace, work: Workload, run_engine) -> None:
-    """llm runs the model as stored; a second engine dequantizes it at load."""
+def compare(llm, args: argparse.Namespace, work, run_engine) -> list[Table]:
+    """Tables for print_table: llm runs the model as stored; a second engine dequantizes it at load.
+    work is offline.Workload, run_engine offline.run_engine (passed in: offline imports this module)."""
     from backend.engine import LLM, cpu_kernels
 
     stats = llm.stats()
     if stats.quantization is None:
         print("\nQuantized vs dequantized: skipped, the checkpoint is not quantized", flush=True)
-        return
+        return []
     dense = LLM(llm.llm_engine.config.model, dtype=args.dtype, device=args.device,
                 max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                 dequantize_weights=True)  # fmt: skip
@@ -67,11 +74,11 @@ def compare(llm, args: argparse.Namespace, work: Workload, run_engine) -> None:
     engines = {stored_name: llm, dense_name: dense}
     print(f"\nQuantized vs dequantized, {cpu_kernels.build_flags()}", flush=True)
     weights = {name: e.stats().weights_bytes / 1e6 for name, e in engines.items()}
-    print_table("Weights held (MB, lower is better)", weights, lower=True)
-    prompt = work.prompts[0][:32]
-    rates = decode_rates(engines, prompt, args.decode_tokens, args.quant_repeats)
-    print_table(f"Batch-1 decode (tokens/s, medians of {args.quant_repeats} interleaved runs)", rates)
-    print_table(
-        "Continuous-batching throughput (output tokens/s, medians, A B B A)",
-        throughputs(engines, work, run_engine, max(2, args.quant_repeats // 2)),
-    )
+    rates = decode_rates(engines, work.prompts[0][:32], args.decode_tokens, args.quant_repeats)
+    rates_title = f"Batch-1 decode (tokens/s, medians of {args.quant_repeats} interleaved runs)"
+    batched = throughputs(engines, work, run_engine, max(2, args.quant_repeats // 2))
+    return [
+        Table("Weights held (MB, lower is better)", weights, lower=True),
+        Table(rates_title, rates),
+        Table("Continuous-batching throughput (output tokens/s, medians, A B B A)", batched),
+    ]

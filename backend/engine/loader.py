@@ -17,7 +17,7 @@ import torch
 
 from backend.engine.models.llama import FUSED, LlamaForCausalLM, ModelArgs
 from backend.engine.quantization.gguf_reader import QuantizedWeight, read_gguf_tensors
-from backend.engine.quantization.quantized_linear import install_quantized
+from backend.engine.quantization.install import install_quantized
 from backend.errors import ModelNotFound
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")

@@ -1,4 +1,4 @@
-"""Layers over GGUF-quantized weights, and installing them into a model in place of its dense ones.
+"""Layers over GGUF-quantized weights (install.py puts them into a model in place of its dense ones).
 
 QuantizedLinear computes x @ W^T from W's blocks: batches of up to cpu_kernels.QUANT_GEMV_MAX_ROWS rows go
 through the fused decode + matrix-vector kernel (each block read once, decoded in cache); larger ones
@@ -10,8 +10,6 @@ of different types (Q4_K q with Q6_K v) stay as they are.
 
 from __future__ import annotations
 
-import logging
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -21,10 +19,6 @@ from backend.engine.device import cpu_has_fast_bf16
 from backend.engine.quantization.gguf_blocks import dequantize
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 
-if TYPE_CHECKING:
-    from backend.engine.models.llama import LlamaForCausalLM
-
-log = logging.getLogger(__name__)
 TILE_WEIGHTS = 1 << 20  # weights decoded per GEMM call: 2-4 MB, about an L2 cache
 
 
@@ -126,37 +120,3 @@ class QuantizedEmbedding(nn.Module):
         rows = self.weight_q.data.index_select(0, input_ids)
         out = torch.empty(rows.shape[0], self.weight_q.shape[1], dtype=self.dtype, device=rows.device)
         return decode_rows(self.weight_q, rows, out, self.use_kernel)
-
-
-def install_quantized(
-    model: LlamaForCausalLM, quantized: dict[str, QuantizedWeight], fused: dict[str, tuple[str, int]]
-) -> dict[str, torch.Tensor]:
-    """Replace the model's dense layers that quantized (transformers' names) covers with quantized ones.
-
-    fused maps a checkpoint projection name to (the model's fused layer, index), e.g. q_proj ->
-    (qkv_proj, 0). Returns the weights it could not keep quantized (a fused layer whose parts are not all
-    quantized), dequantized, for the dense path."""
-    dtype = model.norm.weight.dtype
-    scratch = Scratch()
-    groups: dict[str, dict[int, tuple[str, QuantizedWeight]]] = {}
-    for name, weight in quantized.items():
-        pieces = name.removeprefix("model.").split(".")[:-1]  # drop ".weight"
-        target, index = fused.get(pieces[-1], (pieces[-1], 0))
-        groups.setdefault(".".join([*pieces[:-1], target]), {})[index] = (name, weight)
-    leftovers: dict[str, torch.Tensor] = {}
-    for path, parts in groups.items():
-        weights = [parts[i][1] for i in sorted(parts)]
-        if path == "embed_tokens":
-            model.embed_tokens = QuantizedEmbedding(weights[0], dtype)
-            if model.lm_head is None:  # tied: the output projection reads the same blocks
-                model.lm_head = QuantizedLinear(weights, False, scratch, dtype)
-            continue
-        parent_path, _, child = path.rpartition(".")
-        parent = model.get_submodule(parent_path) if parent_path else model
-        dense = getattr(parent, child)
-        if sum(w.shape[0] for w in weights) != dense.out_features:
-            log.warning("%s: only some of its parts are quantized; dequantizing it at load", path)
-            leftovers |= {name: dequantize(w.data, w.qtype) for name, w in parts.values()}
-            continue
-        setattr(parent, child, QuantizedLinear(weights, dense.bias is not None, scratch, dtype))
-    return leftovers

@@ -1,0 +1,48 @@
+"""Installing quantized layers into a model built dense (on the meta device) by the loader."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from backend.engine.models.llama import LlamaForCausalLM
+from backend.engine.quantization.gguf_blocks import dequantize
+from backend.engine.quantization.gguf_reader import QuantizedWeight
+from backend.engine.quantization.quantized_linear import QuantizedEmbedding, QuantizedLinear, Scratch
+
+log = logging.getLogger(__name__)
+
+
+def install_quantized(
+    model: LlamaForCausalLM, quantized: dict[str, QuantizedWeight], fused: dict[str, tuple[str, int]]
+) -> dict[str, torch.Tensor]:
+    """Replace the model's dense layers that quantized (transformers' names) covers with quantized ones.
+
+    fused maps a checkpoint projection name to (the model's fused layer, index), e.g. q_proj ->
+    (qkv_proj, 0). Returns the weights it could not keep quantized (a fused layer whose parts are not all
+    quantized), dequantized, for the dense path."""
+    dtype = model.norm.weight.dtype
+    scratch = Scratch()
+    groups: dict[str, dict[int, tuple[str, QuantizedWeight]]] = {}
+    for name, weight in quantized.items():
+        pieces = name.removeprefix("model.").split(".")[:-1]  # drop ".weight"
+        target, index = fused.get(pieces[-1], (pieces[-1], 0))
+        groups.setdefault(".".join([*pieces[:-1], target]), {})[index] = (name, weight)
+    leftovers: dict[str, torch.Tensor] = {}
+    for path, parts in groups.items():
+        weights = [parts[i][1] for i in sorted(parts)]
+        if path == "embed_tokens":
+            model.embed_tokens = QuantizedEmbedding(weights[0], dtype)
+            if model.lm_head is None:  # tied: the output projection reads the same blocks
+                model.lm_head = QuantizedLinear(weights, False, scratch, dtype)
+            continue
+        parent_path, _, child = path.rpartition(".")
+        parent = model.get_submodule(parent_path) if parent_path else model
+        dense = getattr(parent, child)
+        if sum(w.shape[0] for w in weights) != dense.out_features:
+            log.warning("%s: only some of its parts are quantized; dequantizing it at load", path)
+            leftovers |= {name: dequantize(w.data, w.qtype) for name, w in parts.values()}
+            continue
+        setattr(parent, child, QuantizedLinear(weights, dense.bias is not None, scratch, dtype))
+    return leftovers
