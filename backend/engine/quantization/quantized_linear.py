@@ -10,7 +10,6 @@ of different types (Q4_K q with Q6_K v) stay as they are.
 
 from __future__ import annotations
 
-
 import torch
 from torch import nn
 
