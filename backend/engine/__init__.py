@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from backend.engine.config import EngineConfig
     from backend.engine.llm import LLM
     from backend.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-    from backend.engine.sampling_params import SamplingParams
+    from backend.engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 _MODULES = {
     "LLM": "llm",
@@ -25,6 +25,7 @@ _MODULES = {
     "RequestMetrics": "outputs",
     "RequestOutput": "outputs",
     "SamplingParams": "sampling_params",
+    "StructuredOutputsParams": "sampling_params",
 }
 __all__ = [
     "LLM",
@@ -35,6 +36,7 @@ __all__ = [
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
+    "StructuredOutputsParams",
 ]
 
 

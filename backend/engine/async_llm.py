@@ -128,6 +128,12 @@ class AsyncLLM:
             if not finished:  # the consumer went away (or the request failed: then a no-op)
                 self._send(("abort", request_id))
 
+    async def compile_structured_output(self, params: SamplingParams) -> None:
+        """Compile the request's grammar on a worker thread (ValueError if it cannot be compiled), so
+        the engine thread finds it cached."""
+        if params.structured_outputs is not None:
+            await asyncio.to_thread(self.engine.structured_output.compile, params.structured_outputs)
+
     async def generate(
         self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None
     ) -> AsyncGenerator[RequestOutput, None]:
@@ -138,6 +144,7 @@ class AsyncLLM:
             text, ids = await self.run_in_tokenizer(self.engine.process_inputs, prompt, params)
         else:
             text, ids = None, prompt
+        await self.compile_structured_output(params)
         collector = self.add_request(request_id, ids, params, prompt=text)
         stream = self.outputs(request_id, collector)
         try:

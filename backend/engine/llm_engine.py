@@ -21,6 +21,7 @@ from backend.engine.sampling_params import SamplingParams
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence
 from backend.engine.stats import EngineCounters, EngineStats, engine_stats
+from backend.engine.structured_output import StructuredOutputManager
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.sampler = Sampler(config.seed)
+        eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else None
+        self.structured_output = StructuredOutputManager(self.tokenizer, model.args.vocab_size, eos)
         self.requests: dict[str, Request] = {}
         self.counters = EngineCounters()
         self.fault_injector = fault_injector_from_env(self.tokenizer)  # test-only; None unless set
@@ -139,6 +142,9 @@ class LLMEngine:
             )
             for i in range(params.n)
         ]
+        if params.structured_outputs is not None:  # a cache hit when the front end compiled it
+            for seq in seqs:
+                seq.grammar = self.structured_output.grammar(params.structured_outputs)
         self.requests[request_id] = Request(request_id, prompt, prompt_token_ids, params, seqs, metrics)
         for seq in seqs:
             self.scheduler.add(seq)
@@ -197,6 +203,7 @@ class LLMEngine:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.cache_full_blocks(item.seq)
         seqs = [item.seq for item in sampling]
+        logits = self.structured_output.apply_bitmask(logits, [seq.grammar for seq in seqs])
         tokens, logprobs = self._sample(logits, seqs, failed)
         touched: dict[str, Request] = {}
         now = time.time()

@@ -36,6 +36,8 @@ def append_token(seq: Sequence, token_id: int, eos_token_ids: list[int], max_mod
     """Append one sampled token; set seq.finish_reason / stop_reason if the sequence is done."""
     params = seq.params
     seq.token_ids.append(token_id)
+    if seq.grammar is not None:
+        seq.grammar.accept_token(token_id)
     if not params.ignore_eos and token_id in eos_token_ids:
         seq.finish_reason = "stop"
     elif token_id in (params.stop_token_ids or ()):
@@ -48,6 +50,8 @@ def append_token(seq: Sequence, token_id: int, eos_token_ids: list[int], max_mod
                 seq.detokenizer.text = seq.detokenizer.text[: found[0]]
                 seq.finish_reason, seq.stop_reason = "stop", found[1]
                 return
+    if seq.finish_reason is None and seq.grammar is not None and seq.grammar.is_terminated():
+        seq.finish_reason = "stop"  # the grammar is complete: nothing but EOS could follow
     if seq.finish_reason is None:
         max_tokens = params.max_tokens or max_model_len
         if seq.num_output_tokens >= max_tokens or len(seq.token_ids) >= max_model_len:

@@ -1,10 +1,12 @@
-"""SamplingParams: how one request is decoded (vLLM's names and defaults)."""
+"""SamplingParams: how one request is decoded (vLLM's names and defaults), with StructuredOutputsParams."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 log = logging.getLogger(__name__)
 # torch.Generator.manual_seed takes a 64-bit integer; vLLM bounds seed to int64 the same way
@@ -16,6 +18,50 @@ MIN_TEMPERATURE = 1e-2
 MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 1024
+
+
+@dataclass(slots=True)
+class StructuredOutputsParams:
+    """Constrain the output to exactly one of: a JSON schema, any JSON object, a regex, one of some
+    strings, or a grammar (EBNF/GBNF or Lark). vLLM's ``structured_outputs`` request field."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name in self.kinds() if getattr(self, name) not in (None, False)]
+        _check(
+            len(given) == 1,
+            "structured_outputs takes exactly one of json, regex, choice, grammar, json_object; "
+            f"got {', '.join(given) or 'none'}",
+        )
+        if isinstance(self.json, str):
+            try:
+                self.json = json.loads(self.json)
+            except ValueError as exc:
+                raise ValueError(f"structured_outputs.json is not valid JSON: {exc}") from None
+        _check(
+            self.json is None or isinstance(self.json, dict | bool),
+            "structured_outputs.json must be a JSON schema object",
+        )
+        _check(
+            self.choice is None or (bool(self.choice) and all(isinstance(c, str) for c in self.choice)),
+            "structured_outputs.choice must be a non-empty list of strings",
+        )
+
+    @staticmethod
+    def kinds() -> tuple[str, ...]:
+        return ("json", "regex", "choice", "grammar", "json_object")
+
+    @property
+    def kind(self) -> str:
+        return next(name for name in self.kinds() if getattr(self, name) not in (None, False))
 
 
 @dataclass(slots=True)
@@ -35,6 +81,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logprobs: int | None = None  # top-N logprobs per generated token (plus the sampled one)
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -69,6 +116,10 @@ class SamplingParams:
         _check(
             self.seed is None or (_is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX),
             f"seed must be None or an integer in [{SEED_MIN}, {SEED_MAX}], got {self.seed!r}",
+        )
+        _check(
+            self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+            "structured_outputs must be a StructuredOutputsParams",
         )
         self.stop_strings = _stop_strings(self.stop)
         self.stop_token_ids = list(self.stop_token_ids or [])

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from enum import Enum, auto
+from typing import TYPE_CHECKING
 
 import torch
 
 from backend.engine.detokenizer import IncrementalDetokenizer
 from backend.engine.outputs import Logprob, RequestMetrics
 from backend.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from backend.engine.structured_output import Grammar
 
 
 class SequenceStatus(Enum):
@@ -42,6 +46,7 @@ class Sequence:
         self.detokenizer = detokenizer
         self.metrics = metrics
         self.generator: torch.Generator | None = None
+        self.grammar: Grammar | None = None  # set when params.structured_outputs constrains the output
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed + index)
 
