@@ -11,7 +11,7 @@ from typing import Any
 import gradio as gr
 
 from backend.server.engine_holder import EngineHolder, EngineState
-from ui import charts, launch_tab, load
+from ui import charts, launch_tab, load, structured_panel
 from ui.common import AppContext, describe, error_message, ms, percent, tok_s
 
 DEFAULT_SYSTEM = "You are a helpful assistant. Answer briefly."
@@ -20,9 +20,10 @@ STATS_MARK = (
 )
 
 
-def sampling_params(temperature, top_p, top_k, max_tokens, seed, stop):
+def sampling_params(temperature, top_p, top_k, max_tokens, seed, stop, use_schema=False, schema=""):
     """The sampling controls as SamplingParams; ValueError (from SamplingParams) for a value out of range."""
     from backend.engine import SamplingParams
+    from backend.server.tools_demo import schema_constraint
     from ui.common import optional_int, required_int
 
     stops = [s for s in (stop or "").split("\n") if s]
@@ -33,6 +34,7 @@ def sampling_params(temperature, top_p, top_k, max_tokens, seed, stop):
         max_tokens=required_int(max_tokens, "max tokens"),
         seed=optional_int(seed, "seed", minimum=0, auto=-1),
         stop=stops or None,
+        structured_outputs=schema_constraint(schema) if use_schema else None,
     )
 
 
@@ -232,6 +234,7 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.Timer:
             stats = gr.Markdown(elem_id="chat-reply-stats")
             message = gr.HTML(elem_id="chat-message")
             system = gr.Textbox(DEFAULT_SYSTEM, label="System prompt", lines=2)
+            use_schema, schema = structured_panel.build(ctx)
             with gr.Accordion("Sampling", open=False):
                 with gr.Row():
                     temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")
@@ -247,7 +250,7 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.Timer:
             load.build(ctx)
             block_map = gr.Plot(label="KV blocks by request", elem_id="kv-block-map")
 
-    controls = [temperature, top_p, top_k, max_tokens, seed, stop_text]
+    controls = [temperature, top_p, top_k, max_tokens, seed, stop_text, use_schema, schema]
 
     async def on_chat(*values: Any) -> AsyncIterator[tuple]:
         async for update in chat(ctx, *values):

@@ -22,6 +22,8 @@ import torch
 from backend.engine.sampling_params import StructuredOutputsParams
 
 CACHE_SIZE = 256  # distinct grammars kept compiled; each matcher template is a few hundred KiB at most
+# JSON whitespace between tokens: vLLM allows any amount; a small model then pads until max_tokens.
+BOUNDED_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,16}"
 
 
 class Grammar:
@@ -53,8 +55,7 @@ def grammar_source(params: StructuredOutputsParams) -> str:
         options: dict[str, Any] = {"whitespace_flexible": not params.disable_any_whitespace}
         if not params.disable_any_whitespace:
             options["item_separator"], options["key_separator"] = ", ", ": "
-        if params.whitespace_pattern:
-            options["whitespace_pattern"] = params.whitespace_pattern
+            options["whitespace_pattern"] = params.whitespace_pattern or BOUNDED_WHITESPACE
         if params.disable_additional_properties:
             schema = _no_additional_properties(schema)
         return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)

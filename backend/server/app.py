@@ -16,6 +16,7 @@ from backend.server.errors import install_error_handlers
 from backend.server.metrics import ServerMetrics
 from backend.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
 from backend.server.serving import ServingContext, openai_router
+from backend.server.tool_parsers import TOOL_PARSERS
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
@@ -29,6 +30,8 @@ def build_app(
     key_prefixes: tuple[str, ...] | None = None,
     expose_prefix_cache: bool = True,
     max_tokens_limit: int | None = None,
+    tool_call_parser: str | None = None,
+    enable_auto_tool_choice: bool = False,
 ) -> FastAPI:
     """The OpenAI-compatible app over ``engine_provider()`` (an AsyncLLM, or None while none runs).
 
@@ -43,12 +46,18 @@ def build_app(
         raise ValueError(f"max_waiting_requests must be >= 0, got {max_waiting_requests}")
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
+    if enable_auto_tool_choice and tool_call_parser not in TOOL_PARSERS:
+        raise ValueError(
+            f"--enable-auto-tool-choice needs --tool-call-parser, one of {', '.join(TOOL_PARSERS)}; "
+            f"got {tool_call_parser!r}"
+        )
     server_metrics = ServerMetrics(
         engine_provider, lambda engine: served_model_name or engine.model_name, expose_prefix_cache
     )
     ctx = ServingContext(
         engine_provider, served_model_name, max_waiting_requests, server_metrics, max_tokens_limit
     )
+    ctx.tool_call_parser, ctx.enable_auto_tool_choice = tool_call_parser, enable_auto_tool_choice
 
     app = FastAPI(title="LLM serving playground: OpenAI-compatible API", docs_url=None, redoc_url=None)
     app.state.serving = ctx

@@ -8,6 +8,7 @@ from dataclasses import asdict
 
 from backend.cli_args import port_or_zero
 from backend.engine.config import EngineConfig
+from backend.server.tool_parsers import TOOL_PARSERS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +47,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--disable-uvicorn-access-log", action="store_true", help="do not log each request line"
     )
+    parser.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='let the model decide when to call tools (tool_choice="auto"); needs --tool-call-parser',
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=sorted(TOOL_PARSERS),
+        help="how tool calls are read from the output: hermes (Qwen2.5/3) or llama3_json (Llama 3.1+)",
+    )
     engine = parser.add_argument_group("engine options (vLLM's names; --model defaults to SmolLM2-135M)")
     EngineConfig.add_cli_args(engine)
 
@@ -70,6 +82,8 @@ def main(args: argparse.Namespace) -> int:
     from backend.server.app import build_app
 
     api_key = api_key_from_env(args.api_key_env)
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise SystemExit("error: --enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json)")
     args.model = args.model or default_model()
     try:
         config = EngineConfig.from_cli_args(args)
@@ -84,6 +98,8 @@ def main(args: argparse.Namespace) -> int:
         api_key=api_key,
         max_waiting_requests=args.max_waiting_requests,
         max_body_bytes=args.max_request_bytes,
+        tool_call_parser=args.tool_call_parser,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
     )
     server_config = uvicorn.Config(
         app,

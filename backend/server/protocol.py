@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from backend.engine.sampling_params import SEED_MAX, SEED_MIN
 from backend.server.errors import OpenAIError
+from backend.server.structured import ResponseFormat, StructuredOutputsRequest
+from backend.server.tools import Tool, ToolCall, ToolChoice
 
 MAX_JSON_DEPTH = 64  # request bodies are shallow; deeper nesting is refused before it is walked
 
@@ -76,6 +78,8 @@ class SamplingFields(StrictJSON):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -95,8 +99,10 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool result: the call it answers
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -104,6 +110,9 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
 
 
 def refuse_unsupported(req: SamplingFields) -> None:
@@ -118,12 +127,17 @@ def refuse_unsupported(req: SamplingFields) -> None:
             raise OpenAIError(400, "suffix is not supported", param="suffix")
 
 
-def message_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Messages as the chat template expects them: role and plain-text content."""
+def message_dicts(messages: list[ChatMessage]) -> list[dict]:
+    """Messages as the chat template expects them: role and plain-text content, plus tool fields."""
     out = []
     for m in messages:
         content = m.content if isinstance(m.content, str) else "".join(p.text for p in m.content or [])
-        out.append({"role": m.role, "content": content})
+        message: dict = {"role": m.role, "content": content}
+        if m.tool_calls:
+            message["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        out.append(message)
     return out
 
 
@@ -142,8 +156,11 @@ def single_prompt(prompt: str | list[int] | list[str] | list[list[int]]) -> str 
     return cast(str | list[int], prompt)
 
 
-def sampling_params(req: SamplingFields, prompt_len: int, max_model_len: int, logprobs: int | None):
-    """SamplingParams for the request, after checking the prompt and max_tokens against the context."""
+def sampling_params(
+    req: SamplingFields, prompt_len: int, max_model_len: int, logprobs: int | None, structured=None
+):
+    """SamplingParams for the request, after checking the prompt and max_tokens against the context;
+    ``structured`` (a StructuredOutputsParams) constrains the output."""
     from backend.engine import SamplingParams
 
     max_tokens = req.max_tokens
@@ -183,6 +200,7 @@ def sampling_params(req: SamplingFields, prompt_len: int, max_model_len: int, lo
             repetition_penalty=req.repetition_penalty,
             logprobs=logprobs,
             skip_special_tokens=req.skip_special_tokens,
+            structured_outputs=structured,
         )
     except ValueError as exc:
         raise OpenAIError(400, str(exc)) from None

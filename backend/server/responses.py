@@ -10,6 +10,8 @@ import time
 import uuid
 
 from backend.engine.outputs import Logprob
+from backend.server.tool_calls import ToolCallFormatter
+from backend.server.tool_parsers import ToolParser
 
 
 class ResponseFormatter:
@@ -79,6 +81,10 @@ class ChatFormatter(ResponseFormatter):
     chunk_object_name = "chat.completion.chunk"
     id_prefix = "chatcmpl"
 
+    def __init__(self, model: str, tokenizer, top_logprobs: int | None, tool_parser: ToolParser | None):
+        super().__init__(model, tokenizer, top_logprobs)
+        self.tools = ToolCallFormatter(tool_parser) if tool_parser is not None else None
+
     def logprobs(self, ids: list[int], logprobs: list | None) -> dict | None:
         if logprobs is None or self.top_logprobs is None:
             return None
@@ -111,11 +117,16 @@ class ChatFormatter(ResponseFormatter):
     def chunk(self, output, include_usage: bool) -> dict | None:
         text, ids, logprobs = self.take_delta(output)
         finish_reason = output.outputs[0].finish_reason
-        if not text and not ids and finish_reason is None:
+        delta = {"content": text} if text else {}
+        if self.tools is not None:
+            delta, called = self.tools.delta(output.outputs[0].text, finish_reason is not None)
+            finish_reason = "tool_calls" if called and finish_reason == "stop" else finish_reason
+        quiet = not ids or (self.tools is not None and self.top_logprobs is None)  # no empty tool deltas
+        if not delta and finish_reason is None and quiet:
             return None
         choice = {
             "index": 0,
-            "delta": {"content": text} if text else {},
+            "delta": delta,
             "logprobs": self.logprobs(ids, logprobs),
             "finish_reason": finish_reason,
         }
@@ -130,11 +141,15 @@ class ChatFormatter(ResponseFormatter):
 
     def response(self, output) -> dict:
         comp = output.outputs[0]
+        message, finish_reason = {"role": "assistant", "content": comp.text}, comp.finish_reason
+        if self.tools is not None:
+            message, called = self.tools.message(comp.text)
+            finish_reason = "tool_calls" if called and finish_reason == "stop" else finish_reason
         choice = {
             "index": 0,
-            "message": {"role": "assistant", "content": comp.text},
+            "message": message,
             "logprobs": self.logprobs(comp.token_ids, comp.logprobs),
-            "finish_reason": comp.finish_reason,
+            "finish_reason": finish_reason,
             "stop_reason": comp.stop_reason,
         }
         return self.envelope(self.object_name, [choice], usage=self.usage(output))

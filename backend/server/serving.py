@@ -30,6 +30,14 @@ from backend.server.protocol import (
     single_prompt,
 )
 from backend.server.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
+from backend.server.structured import structured_outputs_params
+from backend.server.tools import (
+    render_messages,
+    resolve_tool_choice,
+    template_renders_tools,
+    tool_constraint,
+    tool_parser,
+)
 
 if TYPE_CHECKING:
     from backend.engine.async_llm import AsyncLLM
@@ -42,6 +50,8 @@ class ServingContext:
     max_waiting_requests: int
     metrics: ServerMetrics
     max_tokens_limit: int | None = None  # a public app's cap on one request's output tokens
+    tool_call_parser: str | None = None  # vLLM's --tool-call-parser: how "auto" tool calls are read
+    enable_auto_tool_choice: bool = False
 
     def limit_max_tokens(self, requested: int | None, params):
         """Within max_tokens_limit: a larger explicit max_tokens is a 400; an unset one is capped."""
@@ -189,14 +199,25 @@ def encode(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text)["input_ids"])
 
 
+async def compile_grammar(engine, params, param: str) -> None:
+    """Compile the request's grammar off the engine thread; a grammar that cannot be built is a 400."""
+    try:
+        await engine.compile_structured_output(params)
+    except ValueError as exc:
+        raise OpenAIError(400, f"Invalid {param}: {exc}", "invalid_grammar", param) from None
+
+
 def chat_prompt_ids(tokenizer, req: ChatCompletionRequest) -> list[int]:
     if not getattr(tokenizer, "chat_template", None):
         raise OpenAIError(
             400, "This model has no chat template; use /v1/completions instead.", "no_chat_template"
         )
+    tools = [t.model_dump() for t in req.tools] if req.tools else None
+    native = template_renders_tools(tokenizer)
+    messages = render_messages(message_dicts(req.messages), req.tools, native)
     try:
         text = tokenizer.apply_chat_template(
-            message_dicts(req.messages), tokenize=False, add_generation_prompt=True
+            messages, tools=tools if native else None, tokenize=False, add_generation_prompt=True
         )
     except Exception as exc:  # the template's own checks, e.g. roles that must alternate
         raise OpenAIError(
@@ -230,8 +251,11 @@ def openai_router(ctx: ServingContext) -> APIRouter:
             ids = list(prompt)
         else:  # a long prompt takes a while: tokenize off the event loop
             ids = await engine.run_in_tokenizer(encode, engine.tokenizer, prompt)
-        params = sampling_params(req, len(ids), engine.max_model_len, req.logprobs)
+        structured = structured_outputs_params(req.response_format, req.structured_outputs)
+        params = sampling_params(req, len(ids), engine.max_model_len, req.logprobs, structured)
         params = ctx.limit_max_tokens(req.max_tokens, params)
+        param = "structured_outputs" if req.structured_outputs else "response_format"
+        await compile_grammar(engine, params, param)
         formatter = CompletionFormatter(ctx.model_name(engine), engine.tokenizer, req.logprobs)
         return await run_job(request, ctx.admit(engine, ids, params, formatter, _usage(req)), req.stream)
 
@@ -239,11 +263,20 @@ def openai_router(ctx: ServingContext) -> APIRouter:
     async def create_chat_completion(req: ChatCompletionRequest, request: Request) -> Response:
         engine = ctx.engine(req.model)
         refuse_unsupported(req)
+        tool_choice = resolve_tool_choice(req.tools, req.tool_choice)
+        parser = tool_parser(tool_choice, ctx.tool_call_parser, ctx.enable_auto_tool_choice)
+        structured = structured_outputs_params(req.response_format, req.structured_outputs)
+        param = "structured_outputs" if req.structured_outputs else "response_format"
+        if tool_choice == "required" or not isinstance(tool_choice, str):
+            if structured is not None:
+                raise OpenAIError(400, "a forced tool_choice cannot be combined with " + param, param=param)
+            structured, param = tool_constraint(req.tools, tool_choice, req.parallel_tool_calls), "tools"
         ids = await engine.run_in_tokenizer(chat_prompt_ids, engine.tokenizer, req)
         top = (req.top_logprobs or 0) if req.logprobs else None
-        params = sampling_params(req, len(ids), engine.max_model_len, top)
+        params = sampling_params(req, len(ids), engine.max_model_len, top, structured)
         params = ctx.limit_max_tokens(req.max_completion_tokens or req.max_tokens, params)
-        formatter = ChatFormatter(ctx.model_name(engine), engine.tokenizer, top)
+        await compile_grammar(engine, params, param)
+        formatter = ChatFormatter(ctx.model_name(engine), engine.tokenizer, top, parser)
         return await run_job(request, ctx.admit(engine, ids, params, formatter, _usage(req)), req.stream)
 
     return router
