@@ -17,32 +17,13 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from backend.server.tools_demo import SAMPLE_SCHEMAS
 from tests.conftest import ROOT, free_port
 from tests.test_server_support import wait_until
 
 pytestmark = pytest.mark.slow
 MODEL = "smol"
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 20},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "role": {"type": "string", "enum": ["admin", "user", "guest"]},
-        "address": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 20},
-                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
-            },
-            "required": ["city", "zip"],
-            "additionalProperties": False,
-        },
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 3},
-        "active": {"type": "boolean"},
-    },
-    "required": ["name", "age", "role", "address", "tags", "active"],
-    "additionalProperties": False,
-}
+PERSON = SAMPLE_SCHEMAS["person"]
 WEATHER_PARAMS = {
     "type": "object",
     "properties": {

@@ -16,24 +16,11 @@ import argparse
 import time
 from dataclasses import dataclass
 
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 24},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "role": {"type": "string", "enum": ["admin", "user", "guest"]},
-        "address": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
-            "required": ["city", "zip"],
-        },
-        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 4},
-    },
-    "required": ["name", "age", "role", "address", "tags"],
-}
+from backend.server.tools_demo import SAMPLE_SCHEMAS
+
 SCHEMA = {
     "type": "object",
-    "properties": {"people": {"type": "array", "items": PERSON, "minItems": 1000}},
+    "properties": {"people": {"type": "array", "items": SAMPLE_SCHEMAS["person"], "minItems": 1000}},
     "required": ["people"],
 }
 

@@ -11,9 +11,9 @@ from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from backend.engine.sampling_params import SEED_MAX, SEED_MIN
+from backend.engine.sampling_params import SEED_MAX, SEED_MIN, StructuredOutputsParams
 from backend.server.errors import OpenAIError
-from backend.server.structured import ResponseFormat, StructuredOutputsRequest
+from backend.server.structured import ResponseFormat
 from backend.server.tools import Tool, ToolCall, ToolChoice
 
 MAX_JSON_DEPTH = 64  # request bodies are shallow; deeper nesting is refused before it is walked
@@ -79,7 +79,7 @@ class SamplingFields(StrictJSON):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputsRequest | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
 
 class CompletionRequest(SamplingFields):

@@ -1,6 +1,7 @@
 """Structured-output request fields: OpenAI's ``response_format`` and vLLM's ``structured_outputs``.
 
-Both become one StructuredOutputsParams for the engine; a request may use one of them, not both.
+``structured_outputs`` is the engine's StructuredOutputsParams itself (pydantic validates the dataclass);
+``response_format`` becomes one. A request may use one of them, not both.
 """
 
 from __future__ import annotations
@@ -29,23 +30,8 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
-class StructuredOutputsRequest(BaseModel):
-    """vLLM's ``structured_outputs`` extra body field."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    json_: dict[str, Any] | str | None = Field(None, alias="json")
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    json_object: bool | None = None
-    disable_any_whitespace: bool = False
-    disable_additional_properties: bool = False
-    whitespace_pattern: str | None = None
-
-
 def structured_outputs_params(
-    response_format: ResponseFormat | None, structured: StructuredOutputsRequest | None
+    response_format: ResponseFormat | None, structured: StructuredOutputsParams | None
 ) -> StructuredOutputsParams | None:
     """The engine's constraint for these request fields; OpenAIError 400 when they are malformed."""
     if response_format is not None and response_format.type != "text" and structured is not None:
@@ -54,12 +40,8 @@ def structured_outputs_params(
             "Use either response_format or structured_outputs, not both",
             param="structured_outputs",
         )
-    if structured is not None:
-        fields = structured.model_dump(by_alias=True)
-        try:
-            return StructuredOutputsParams(**fields)
-        except ValueError as exc:
-            raise OpenAIError(400, str(exc), param="structured_outputs") from None
+    if structured is not None:  # validated by the dataclass itself when the body was parsed
+        return structured
     if response_format is None or response_format.type == "text":
         return None
     if response_format.type == "json_object":

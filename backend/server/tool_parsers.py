@@ -83,6 +83,19 @@ def _skip(text: str, i: int, chars: str) -> int:
     return i
 
 
+def _call_list(text: str, pos: int, final: bool, separators: str) -> list[ParsedCall]:
+    """Consecutive call objects from text[pos], separated by any of ``separators``."""
+    calls = []
+    while pos < len(text) and text[pos] == "{":
+        call, end = parse_call(text, pos, final)
+        if call is not None:
+            calls.append(call)
+        if end is None:
+            break
+        pos = _skip(text, end, separators)
+    return calls
+
+
 def _partial_suffix(text: str, tag: str) -> int:
     """Length of the longest end of text that could be the start of tag."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
@@ -133,14 +146,7 @@ class Llama3JsonToolParser(ToolParser):
         if not stripped.startswith("{"):
             undecided = not final and (not stripped or self.python_tag.startswith(stripped))
             return ParsedOutput("" if undecided else text)
-        out, pos = ParsedOutput(""), 0
-        while pos < len(stripped) and stripped[pos] == "{":
-            call, end = parse_call(stripped, pos, final)
-            if call is not None:
-                out.calls.append(call)
-            if end is None:
-                break
-            pos = _skip(stripped, end, " \n\t\r;")
+        out = ParsedOutput("", _call_list(stripped, 0, final, " \n\t\r;"))
         if final and not out.calls:
             out.content = text
         return out
@@ -150,19 +156,10 @@ class RequiredToolParser(ToolParser):
     """Output constrained to vLLM's ``[{"name": ..., "parameters": {...}}, ...]``."""
 
     def parse(self, text: str, final: bool) -> ParsedOutput:
-        out = ParsedOutput("")
         pos = _skip(text, 0, " \n\t\r")
         if pos >= len(text) or text[pos] != "[":
-            return out
-        pos = _skip(text, pos + 1, " \n\t\r")
-        while pos < len(text) and text[pos] == "{":
-            call, end = parse_call(text, pos, final)
-            if call is not None:
-                out.calls.append(call)
-            if end is None:
-                break
-            pos = _skip(text, end, " \n\t\r,")
-        return out
+            return ParsedOutput("")
+        return ParsedOutput("", _call_list(text, _skip(text, pos + 1, " \n\t\r"), final, " \n\t\r,"))
 
 
 class NamedToolParser(ToolParser):

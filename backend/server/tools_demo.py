@@ -18,15 +18,30 @@ from backend.server.tool_calls import ToolCallFormatter
 from backend.server.tools import Tool, resolve_tool_choice, tool_constraint, tool_parser
 
 SAMPLE_SCHEMAS: dict[str, dict[str, Any]] = {
-    "person": {
+    "person": {  # nested object, enum, pattern, bounded array, required fields (tests and bench use it)
         "type": "object",
         "properties": {
-            "name": {"type": "string", "maxLength": 30},
+            "name": {"type": "string", "maxLength": 20},
             "age": {"type": "integer", "minimum": 0, "maximum": 120},
             "role": {"type": "string", "enum": ["admin", "user", "guest"]},
-            "tags": {"type": "array", "items": {"type": "string", "maxLength": 16}, "maxItems": 3},
+            "address": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 20},
+                    "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+                },
+                "required": ["city", "zip"],
+                "additionalProperties": False,
+            },
+            "tags": {
+                "type": "array",
+                "items": {"type": "string", "maxLength": 12},
+                "minItems": 1,
+                "maxItems": 3,
+            },
+            "active": {"type": "boolean"},
         },
-        "required": ["name", "age", "role", "tags"],
+        "required": ["name", "age", "role", "address", "tags", "active"],
         "additionalProperties": False,
     },
     "order": {
