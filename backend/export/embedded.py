@@ -10,6 +10,7 @@ from backend.engine.config import EngineConfig
 from backend.export.base import Token
 from backend.export.engine import EngineInfo, Exporter, Unsupported, map_kv, map_quant, refuse_speculative
 from backend.export.plan import ExportPlan
+from backend.export.tool_calling import tool_calling_flags
 
 INFO = EngineInfo(
     name="embedded",
@@ -64,6 +65,7 @@ class EmbeddedExporter(Exporter):
     def command(self, plan: ExportPlan, host: str, port: int) -> list[Token]:
         argv: list[Token] = ["python", "app.py", "serve", *self.engine_config(plan).cli_args()]
         argv += ["--host", host, "--port", str(port), "--served-model-name", plan.served_name]
+        argv += tool_calling_flags("embedded", plan.model)
         if plan.options.api_key_env:
             argv += ["--api-key-env", plan.options.api_key_env]  # the variable's name, not the key
         return argv

@@ -18,6 +18,7 @@ from backend.export.engine import (
     need_checkpoint,
 )
 from backend.export.plan import ExportPlan
+from backend.export.tool_calling import tool_calling_flags
 
 INFO = EngineInfo(
     name="sglang",
@@ -109,6 +110,7 @@ class SGLangExporter(Exporter):
         argv += speculative_args(plan)
         if plan.options.trust_remote_code:
             argv.append("--trust-remote-code")
+        argv += tool_calling_flags("sglang", plan.model)
         if plan.options.api_key_env:
             argv += ["--api-key", EnvRef(plan.options.api_key_env)]
         return argv

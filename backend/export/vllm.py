@@ -13,6 +13,7 @@ import json
 from backend.export.base import Token
 from backend.export.engine import EngineInfo, Exporter, Unsupported, map_kv, map_quant, need_checkpoint
 from backend.export.plan import ExportPlan
+from backend.export.tool_calling import tool_calling_flags
 
 INFO = EngineInfo(
     name="vllm",
@@ -123,7 +124,7 @@ class VLLMExporter(Exporter):
                 argv += [flag, json.dumps(value, separators=(",", ":"))]
             else:
                 argv += [flag, str(value)]
-        return argv
+        return argv + tool_calling_flags("vllm", plan.model)
 
     def python_snippet(self, plan: ExportPlan) -> str:
         args = {k: v for k, v in self.engine_args(plan).items() if k not in SERVER_ONLY}
