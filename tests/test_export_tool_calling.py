@@ -13,7 +13,7 @@ from backend.export.tool_calling import FAMILIES, PARSER_NAMES, tool_call_parser
 from backend.planner.request import PlanRequest
 from backend.server.cli import add_arguments
 from backend.server.tool_parsers import TOOL_PARSERS
-from tests.export_helpers import flag_value, make_stubs, run_with_stubs, write_files
+from tests.export_utils import flag_value, make_stubs, run_with_stubs, write_files
 
 CASES = [
     ("Qwen/Qwen2.5-7B-Instruct", "hermes", "qwen25"),

@@ -18,8 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from backend.server.tools_demo import SAMPLE_SCHEMAS
-from tests.conftest import ROOT, free_port
-from tests.test_server_support import wait_until
+from tests.common_utils import ROOT, free_port
+from tests.server_utils import wait_until
 
 pytestmark = pytest.mark.slow
 MODEL = "smol"
