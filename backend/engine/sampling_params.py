@@ -25,7 +25,7 @@ class StructuredOutputsParams:
     """Constrain the output to exactly one of: a JSON schema, any JSON object, a regex, one of some
     strings, or a grammar (EBNF/GBNF or Lark). vLLM's ``structured_outputs`` request field."""
 
-    json: str | dict[str, Any] | None = None
+    json: str | dict[str, Any] | bool | None = None  # a schema (or its JSON text); True: any JSON
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None

@@ -47,28 +47,26 @@ class Grammar:
 
 def grammar_source(params: StructuredOutputsParams) -> str:
     """The llguidance grammar for the request; raises ValueError for a malformed input."""
-    kind = params.kind
-    if kind in ("json", "json_object"):
-        schema = params.json if kind == "json" else {"type": "object"}
-        if schema is True:
-            schema = {}
-        options: dict[str, Any] = {"whitespace_flexible": not params.disable_any_whitespace}
-        if not params.disable_any_whitespace:
-            options["item_separator"], options["key_separator"] = ", ", ": "
-            options["whitespace_pattern"] = params.whitespace_pattern or BOUNDED_WHITESPACE
-        if params.disable_additional_properties:
-            schema = _no_additional_properties(schema)
-        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)
-    if kind == "regex":
+    if params.regex is not None:
         return llguidance.LLMatcher.grammar_from_regex(params.regex)
-    if kind == "choice":
-        return llguidance.LLMatcher.grammar_from_lark(
-            "start: " + " | ".join(json.dumps(c) for c in params.choice)
-        )
-    try:
-        return llguidance.grammar_from("grammar", params.grammar)
-    except ValueError as exc:
-        raise ValueError(f"structured_outputs.grammar is not a valid EBNF/Lark grammar: {exc}") from None
+    if params.choice is not None:
+        alternatives = " | ".join(json.dumps(c) for c in params.choice)
+        return llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}")
+    if params.grammar is not None:
+        try:
+            return llguidance.grammar_from("grammar", params.grammar)
+        except ValueError as exc:
+            raise ValueError(f"structured_outputs.grammar is not a valid EBNF/Lark grammar: {exc}") from None
+    schema: Any = {"type": "object"} if params.json_object else params.json
+    if schema is True:
+        schema = {}
+    options: Any = {"whitespace_flexible": not params.disable_any_whitespace}
+    if not params.disable_any_whitespace:
+        options["item_separator"], options["key_separator"] = ", ", ": "
+        options["whitespace_pattern"] = params.whitespace_pattern or BOUNDED_WHITESPACE
+    if params.disable_additional_properties:
+        schema = _no_additional_properties(schema)
+    return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)
 
 
 def _no_additional_properties(schema: Any) -> Any:
@@ -142,7 +140,7 @@ class StructuredOutputManager:
             return logits
         words = (self.vocab_size + 31) // 32
         bitmask = torch.full((len(grammars), words), -1, dtype=torch.int32)  # -1: every token allowed
-        matchers = [(grammars[row].matcher, row) for row in rows]
+        matchers = [(g.matcher, row) for row, g in enumerate(grammars) if g is not None]
         if len(matchers) == 1:
             row = rows[0]
             matchers[0][0].unsafe_compute_mask_ptr(bitmask[row].data_ptr(), words * 4)

@@ -8,6 +8,7 @@ sample JSON schemas offered by the Chat tab's structured-output panel.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,7 +140,7 @@ def convert_units(value: float, from_unit: str, to_unit: str) -> dict:
     }
 
 
-LOCAL_FUNCTIONS = {"get_weather": get_weather, "convert_units": convert_units}
+LOCAL_FUNCTIONS: dict[str, Callable[..., dict]] = {"get_weather": get_weather, "convert_units": convert_units}
 
 
 @dataclass(slots=True)
