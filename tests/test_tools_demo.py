@@ -15,6 +15,7 @@ from backend.server.tools_demo import (
     get_weather,
     schema_constraint,
 )
+from ui.chat_tab import sampling_params as chat_sampling_params
 from ui.structured_panel import demo_markdown
 
 
@@ -50,3 +51,12 @@ def test_demo_markdown_shows_call_result_and_answer():
     ])  # fmt: skip
     assert 'calls** `get_weather({"city": "Paris"})`' in text
     assert '{"temperature": 18}' in text and "(final answer)**: It is 18 degrees." in text
+
+
+def test_chat_sampling_controls_carry_the_schema_only_when_enabled():
+    schema = json.dumps(SAMPLE_SCHEMAS["order"])
+    on = chat_sampling_params(0, 1, -1, 32, -1, "", True, schema)
+    assert on.structured_outputs.json == SAMPLE_SCHEMAS["order"]
+    assert chat_sampling_params(0, 1, -1, 32, -1, "", False, schema).structured_outputs is None
+    with pytest.raises(ValueError, match="not valid JSON"):
+        chat_sampling_params(0, 1, -1, 32, -1, "", True, "{")
