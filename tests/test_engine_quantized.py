@@ -20,7 +20,7 @@ from backend.engine.quantization.gguf_blocks import KEPT_TYPES
 from backend.engine.quantization.gguf_blocks import dequantize as torch_dequantize
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.quantized_linear import QuantizedLinear, Scratch
-from tests.conftest import ROOT
+from tests.common_utils import ROOT
 from tests.engine_utils import assert_engine_clean
 from tests.gguf_utils import Q, random_blocks, write_tiny_gguf
 

@@ -80,3 +80,17 @@ def test_backend_imports_no_ui_app_or_gradio():
     _, external = backend_graph()
     upward = {name: sorted(targets) for name, targets in external.items() if targets}
     assert not upward, f"backend modules importing ui/, app.py or gradio: {upward}"
+
+
+def test_tests_import_helpers_only_from_utils_modules():
+    """Helpers live in tests/*_utils.py and fixtures in conftest.py; a test module imports neither
+    conftest nor another test module (pytest would collect and run the imported tests twice)."""
+    bad = {
+        path.name: sorted(
+            name
+            for name in imported_names(path, "tests")
+            if name.startswith(("tests.test_", "tests.conftest"))
+        )
+        for path in (ROOT / "tests").glob("*.py")
+    }
+    assert not {name: targets for name, targets in bad.items() if targets}
