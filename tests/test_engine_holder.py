@@ -64,6 +64,7 @@ def test_a_failed_first_launch_is_failed_and_the_form_says_so(tiny):
 
 def launch_form(tiny: str) -> dict:
     return {
+        **launch_tab.form_defaults(),
         "model": tiny,
         "dtype": "float32",
         "device": "cpu",

@@ -39,19 +39,22 @@ PLAN_FORM = dict(
     ttft=0,
     tpot=0,
 )
-LAUNCH_FORM = dict(  # every EngineConfig field but the model, as the Launch form sends it
-    dtype="float32",
-    device="cpu",
-    block_size=16,
-    max_num_seqs=8,
-    max_num_batched_tokens=64,
-    max_model_len=0,
-    num_kv_blocks=None,
-    kv_cache_memory_bytes=8,  # MiB in the form
-    enable_prefix_caching=True,
-    seed=0,
-    trust_remote_code=False,
-)
+LAUNCH_FORM = {  # the Launch form as it is sent, every EngineConfig field but the model
+    **launch_tab.form_defaults(),
+    **dict(
+        dtype="float32",
+        device="cpu",
+        block_size=16,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        max_model_len=0,
+        num_kv_blocks=None,
+        kv_cache_memory_bytes=8,  # MiB in the form
+        enable_prefix_caching=True,
+        seed=0,
+        trust_remote_code=False,
+    ),
+}
 CHAT_CONTROLS = dict(temperature=0.0, top_p=1.0, top_k=-1, max_tokens=8, seed=-1, stop="")
 EXPORT_FORM = dict(
     engines=["vllm"],

@@ -40,6 +40,11 @@ def engine_fields() -> list[Field]:
     return [f for f in fields(EngineConfig) if f.name != "model"]
 
 
+def form_defaults() -> dict[str, Any]:
+    """What the Launch form shows before the user edits it (field name -> value, the model left out)."""
+    return {f.name: FORM_DEFAULTS.get(f.name, f.default) for f in engine_fields()}
+
+
 def launch_config(form: dict[str, Any]) -> EngineConfig:
     """The form (field name -> value) as an EngineConfig; ValueError naming the field for a bad value."""
     model = (form.get("model") or "").strip()
@@ -64,7 +69,7 @@ def launch_config(form: dict[str, Any]) -> EngineConfig:
 def engine_input(f: Field, visible: bool = True) -> gr.components.Component:
     """The form input for one EngineConfig field, built from its type and metadata."""
     label, info = FORM_LABELS.get(f.name, f.name), f.metadata["help"]
-    value = FORM_DEFAULTS.get(f.name, f.default)
+    value = form_defaults()[f.name]
     if cli_types()[f.name] is bool:
         return gr.Checkbox(value, label=label, info=info, visible=visible)
     if f.metadata["choices"]:
