@@ -7,6 +7,9 @@ of a GQA group as the query rows of their KV head (no KV repeat); each prefill c
 prefix plus itself with a causal mask. Masks and gather buffers are built once per step, for all layers.
 On the CPU, decodes go instead to a native kernel (cpu_kernels.py) that reads the pool in place through
 the block tables: no gather, no padding to the longest context, no fp32 copy (several times faster).
+An fp8 pool (kv_cache_dtype="fp8") stores k / k_scale and v / v_scale, clamped to the type's range and
+rounded to nearest even, and every reader multiplies the scale back (vLLM's per-layer k_scale / v_scale,
+1.0 unless a checkpoint gives them); the PyTorch paths upcast what they gather, the kernel reads fp8.
 """
 
 from __future__ import annotations
@@ -55,11 +58,37 @@ def gather_blocks(cache: torch.Tensor, rows: torch.Tensor, buffer: torch.Tensor)
     return out.view(kv_heads, -1, head_dim)
 
 
-def write_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots):
-    """k, v [T, KVH, D] into the pool slots of slot_mapping."""
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def to_cache(x: torch.Tensor, cache: torch.Tensor, scale: float) -> torch.Tensor:
+    """x as the pool stores it: itself, or x / scale in fp8 (as bytes: index_copy_ has no fp8 kernel)."""
+    if cache.dtype not in FP8_DTYPES:
+        return x
+    limit = torch.finfo(cache.dtype).max
+    return (x.float() / scale).clamp(-limit, limit).to(cache.dtype).view(torch.uint8)
+
+
+def from_cache(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """Values read from the pool in dtype (an fp8 pool's upcast and scaled)."""
+    if x.dtype not in FP8_DTYPES:
+        return x.to(dtype)
+    return (x.float() * scale).to(dtype)
+
+
+def write_kv_cache(
+    k: torch.Tensor,  # [T, KVH, D]
+    v: torch.Tensor,
+    k_cache: torch.Tensor,  # [KVH, num_blocks, block_size, D]
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,  # [T] slot_mapping
+    kv_scales: tuple[float, float] = (1.0, 1.0),
+) -> None:
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    k_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slots, k.transpose(0, 1))
-    v_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slots, v.transpose(0, 1))
+    for x, cache, scale in ((k, k_cache, kv_scales[0]), (v, v_cache, kv_scales[1])):
+        stored = to_cache(x, cache, scale)
+        pool = cache.view(stored.dtype).view(num_kv_heads, -1, head_dim)
+        pool.index_copy_(1, slots, stored.transpose(0, 1))
 
 
 def paged_attention(
@@ -70,6 +99,7 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    kv_scales: tuple[float, float] = (1.0, 1.0),  # an fp8 pool's (k_scale, v_scale)
 ) -> torch.Tensor:
     num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], k.shape[2]
     out = q.new_empty(q.shape)  # contiguous, also when q is a view into a fused q/k tensor
@@ -77,7 +107,7 @@ def paged_attention(
     if b and meta.decode_block_tables is not None:
         tables, lens = meta.decode_block_tables, meta.decode_context_lens
         assert lens is not None, "the runner sets block tables and context lengths together"
-        cpu_kernels.paged_decode_attention(q[:b], k_cache, v_cache, tables, lens, scale, out)
+        cpu_kernels.paged_decode_attention(q[:b], k_cache, v_cache, tables, lens, scale, out, kv_scales)
     elif b:
         assert meta.gather_buffers is not None and meta.decode_rows is not None, "set by prepare_decode"
         k_buffer, v_buffer = meta.gather_buffers
@@ -86,9 +116,11 @@ def paged_attention(
         values = gather_blocks(v_cache, meta.decode_rows, v_buffer).view(shape).transpose(0, 1)
         # in fp32: far closer to an fp32 reference than bf16 flash attention, for a small extra cost
         query = q[:b].view(b, num_kv_heads, num_heads // num_kv_heads, head_dim).float()
-        o = F.scaled_dot_product_attention(
-            query, keys.float(), values.float(), attn_mask=meta.decode_mask, scale=scale
+        keys, values = (
+            from_cache(keys, kv_scales[0], torch.float32),
+            from_cache(values, kv_scales[1], torch.float32),
         )
+        o = F.scaled_dot_product_attention(query, keys, values, attn_mask=meta.decode_mask, scale=scale)
         out[:b] = o.reshape(b, num_heads, head_dim)
     for chunk in meta.prefills:
         query = q[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
@@ -101,6 +133,7 @@ def paged_attention(
             total = chunk.mask.shape[1]
             keys = gather_blocks(k_cache, chunk.block_rows, k_buffer)[:, :total].unsqueeze(0)
             values = gather_blocks(v_cache, chunk.block_rows, v_buffer)[:, :total].unsqueeze(0)
+            keys, values = from_cache(keys, kv_scales[0], q.dtype), from_cache(values, kv_scales[1], q.dtype)
         o = F.scaled_dot_product_attention(
             query,
             keys,

@@ -17,6 +17,7 @@ from backend.errors import UserError
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICES = ("auto", "cpu", "cuda")  # and "cuda:N"
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's CacheDType (fp8 = fp8_e4m3)
 
 
 def knob(default: Any, help: str, choices: tuple[str, ...] | None = None, minimum: int | None = None) -> Any:
@@ -42,6 +43,9 @@ class EngineConfig:
     )
     kv_cache_memory_bytes: int | None = knob(
         None, "memory for the KV cache; unset = a share of free memory", minimum=1
+    )
+    kv_cache_dtype: str = knob(
+        "auto", "KV-cache storage; auto = dtype, fp8 (= fp8_e4m3) holds twice the tokens", KV_CACHE_DTYPES
     )
     enable_prefix_caching: bool = knob(True, "reuse the KV blocks of shared prompt prefixes")
     seed: int = knob(0, "engine random seed", minimum=0)

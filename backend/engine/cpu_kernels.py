@@ -34,10 +34,11 @@ SOURCES = [CSRC / "paged_attention.cpp", CSRC / "layers.cpp", CSRC / "quantized.
 FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 BUILD_TIMEOUT_S = 300  # a cold build takes seconds; a hung compiler must not hang the engine's start
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+CACHE_SUFFIX = {torch.float8_e4m3fn: "_fp8_e4m3", torch.float8_e5m2: "_fp8_e5m2"}  # an fp8 KV pool's kernels
 PTR, INT, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
-    "paged_decode_attention": [PTR] * 6 + [INT] * 8 + [FLOAT],
-    "rope_and_cache": [PTR] * 7 + [INT] * 5,
+    "paged_decode_attention": [PTR] * 6 + [INT] * 8 + [FLOAT] * 2,
+    "rope_and_cache": [PTR] * 7 + [INT] * 5 + [FLOAT] * 3,
     "rms_norm": [PTR, PTR, PTR, INT, INT, FLOAT],
     "silu_and_mul": [PTR, PTR, INT, INT],
 }
@@ -141,6 +142,11 @@ def _open(path: Path) -> ctypes.CDLL:
             for suffix in SUFFIX.values():
                 getattr(library, f"{name}_{suffix}").argtypes = argtypes
                 getattr(library, f"{name}_{suffix}").restype = None
+        for name in ("paged_decode_attention", "rope_and_cache"):
+            for suffix in SUFFIX.values():
+                for cache_suffix in CACHE_SUFFIX.values():
+                    getattr(library, f"{name}_{suffix}{cache_suffix}").argtypes = SIGNATURES[name]
+                    getattr(library, f"{name}_{suffix}{cache_suffix}").restype = None
         library.linear_bf16_small.argtypes = [PTR] * 4 + [INT] * 3
         library.linear_bf16_small.restype = None
         for name, argtypes in QUANT_SIGNATURES.items():
@@ -180,10 +186,12 @@ def paged_decode_attention(
     context_lens: torch.Tensor,  # [T] int64
     scale: float,
     out: torch.Tensor,  # [T, H, D], contiguous, written
+    kv_scales: tuple[float, float] = (1.0, 1.0),  # an fp8 pool's (k_scale, v_scale)
 ) -> None:
     kv_heads, num_blocks, block_size, head_dim = k_cache.shape
     assert q.stride(2) == 1 and q.stride(1) == head_dim and out.is_contiguous()
-    function = getattr(load_library(), f"paged_decode_attention_{SUFFIX[q.dtype]}")
+    name = f"paged_decode_attention_{SUFFIX[q.dtype]}{CACHE_SUFFIX.get(k_cache.dtype, '')}"
+    function = getattr(load_library(), name)
     function(
         q.data_ptr(),
         k_cache.data_ptr(),
@@ -199,7 +207,8 @@ def paged_decode_attention(
         block_size,
         block_tables.shape[1],
         q.stride(0),
-        scale,
+        scale * kv_scales[0],
+        kv_scales[1],
     )
 
 
@@ -212,10 +221,13 @@ def rope_and_cache(
     k_cache: torch.Tensor,  # [KVH, num_blocks, block_size, D]: k and v written at slot_mapping
     v_cache: torch.Tensor,
     num_heads: int,
+    kv_scales: tuple[float, float] = (1.0, 1.0),  # an fp8 pool's (k_scale, v_scale)
 ) -> None:
     kv_heads, num_blocks, block_size, head_dim = k_cache.shape
     assert qkv.is_contiguous() and qkv.shape[1] == (num_heads + 2 * kv_heads) * head_dim
-    getattr(load_library(), f"rope_and_cache_{SUFFIX[qkv.dtype]}")(
+    cache_suffix = CACHE_SUFFIX.get(k_cache.dtype, "")
+    limit = torch.finfo(k_cache.dtype).max if cache_suffix else 0.0
+    getattr(load_library(), f"rope_and_cache_{SUFFIX[qkv.dtype]}{cache_suffix}")(
         qkv.data_ptr(),
         positions.data_ptr(),
         cos.data_ptr(),
@@ -228,6 +240,8 @@ def rope_and_cache(
         kv_heads,
         head_dim,
         num_blocks * block_size,
+        *kv_scales,
+        limit,
     )
 
 

@@ -46,7 +46,7 @@ class LLMEngine:
         num_blocks, self.max_model_len = self._size_kv_pool(model)
         cos, sin = rope_tables(self.hf_config, model.args.head_dim, self.max_model_len)
         model.rope_cos, model.rope_sin = cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
-        self.runner = ModelRunner(model, num_blocks, config.block_size)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, config.kv_cache_dtype)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.sampler = Sampler(config.seed)
@@ -68,7 +68,7 @@ class LLMEngine:
                 f"max_model_len={cfg.max_model_len} exceeds the model's limit of {model_limit} tokens"
             )
         max_len = cfg.max_model_len or model_limit
-        per_block = ModelRunner.bytes_per_block(model, bs)
+        per_block = ModelRunner.bytes_per_block(model, bs, cfg.kv_cache_dtype)
         if cfg.num_kv_blocks is not None:
             num_blocks = cfg.num_kv_blocks
         elif cfg.kv_cache_memory_bytes is not None:

@@ -8,6 +8,7 @@ import torch
 
 from backend.engine import cpu_kernels
 from backend.engine.attention import AttentionMetadata, PrefillChunk, pool_rows
+from backend.engine.config import KV_CACHE_DTYPES
 from backend.engine.models.llama import LlamaForCausalLM
 from backend.engine.scheduler import ScheduledSeq
 
@@ -22,27 +23,43 @@ class StepInputs:
     logits_rows: list[int]  # the rows whose logits are sampled (each sequence's last new token)
 
 
+FP8_CACHE_DTYPES = {
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+assert set(FP8_CACHE_DTYPES) == set(KV_CACHE_DTYPES) - {"auto"}, "every kv_cache_dtype has a torch dtype"
+
+
+def kv_cache_torch_dtype(model: LlamaForCausalLM, kv_cache_dtype: str) -> torch.dtype:
+    """The KV pool's element type: the model's dtype for "auto", else vLLM's fp8 formats."""
+    return FP8_CACHE_DTYPES.get(kv_cache_dtype, model.norm.weight.dtype)
+
+
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, model: LlamaForCausalLM, num_blocks: int, block_size: int, kv_cache_dtype: str = "auto"
+    ) -> None:
         self.model = model
         args = model.args
         self.device = model.norm.weight.device
         self.dtype = model.norm.weight.dtype
+        self.kv_dtype = kv_cache_torch_dtype(model, kv_cache_dtype)
         self.block_size = block_size
         shape = (args.num_kv_heads, num_blocks, block_size, args.head_dim)
         self.kv_caches = [
             (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
             )
             for _ in range(args.num_layers)
         ]
         self.decode_kernel = cpu_kernels.supports(self.device, self.dtype)
 
     @staticmethod
-    def bytes_per_block(model: LlamaForCausalLM, block_size: int) -> int:
+    def bytes_per_block(model: LlamaForCausalLM, block_size: int, kv_cache_dtype: str = "auto") -> int:
         args = model.args
-        element = model.norm.weight.element_size()
+        element = kv_cache_torch_dtype(model, kv_cache_dtype).itemsize
         return 2 * args.num_layers * block_size * args.num_kv_heads * args.head_dim * element
 
     @property
@@ -143,8 +160,8 @@ class ModelRunner:
             return None
         size = num_blocks * self.kv_caches[0][0][:, 0].numel()
         return (
-            torch.empty(size, dtype=self.dtype, device=self.device),
-            torch.empty(size, dtype=self.dtype, device=self.device),
+            torch.empty(size, dtype=self.kv_dtype, device=self.device),
+            torch.empty(size, dtype=self.kv_dtype, device=self.device),
         )
 
     def run(self, inputs: StepInputs, meta: AttentionMetadata) -> torch.Tensor:

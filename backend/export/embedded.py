@@ -20,7 +20,7 @@ INFO = EngineInfo(
     runs_in_checkout=True,
 )
 QUANT = {"none": None, "gguf": None}
-KV = {"auto": None}
+KV = {"auto": None, "fp8": "fp8", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
 
 class EmbeddedExporter(Exporter):
@@ -33,7 +33,7 @@ class EmbeddedExporter(Exporter):
             QUANT,
             "It loads safetensors or GGUF files; use vLLM for AWQ, GPTQ or FP8 checkpoints.",
         )
-        map_kv(plan, INFO, KV)
+        map_kv(plan, INFO, KV)  # the engine's kv_cache_dtype, vLLM's names
         refuse_speculative(plan, INFO)
         if plan.gpus_per_replica > 1 or plan.dp > 1:
             raise Unsupported(
@@ -60,6 +60,7 @@ class EmbeddedExporter(Exporter):
             block_size=plan.req.block_size,
             enable_prefix_caching=plan.req.enable_prefix_caching,
             trust_remote_code=plan.options.trust_remote_code,
+            kv_cache_dtype=map_kv(plan, INFO, KV) or "auto",
         )
 
     def command(self, plan: ExportPlan, host: str, port: int) -> list[Token]:

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "dtypes.h"
@@ -42,11 +43,12 @@ void silu_and_mul(const T *gate_up, T *out, int64_t rows, int64_t dim) {
 
 // qkv [tokens, (heads + 2 * kv_heads) * D], the fused projection's output: rotates the q and k heads in
 // place (rotate-half RoPE, cos/sin tables [positions, D] with both halves filled, as transformers builds
-// them) and copies each token's k and v heads into pool slot slots[t] of k/v_cache [kv_heads, pool, D].
-template <typename T>
+// them) and copies each token's k and v heads into pool slot slots[t] of k/v_cache [kv_heads, pool, D]
+// (an fp8 pool stores k / k_scale and v / v_scale, clamped to +-limit, as attention.py's write_kv_cache).
+template <typename T, typename C>
 void rope_and_cache(T *qkv, const int64_t *positions, const T *cos, const T *sin, const int64_t *slots,
-                    T *k_cache, T *v_cache, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t D,
-                    int64_t pool_slots) {
+                    C *k_cache, C *v_cache, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t D,
+                    int64_t pool_slots, float k_scale, float v_scale, float limit) {
     const int64_t half = D / 2, width = (heads + 2 * kv_heads) * D;
 #pragma omp parallel for schedule(static) if (tokens > 1)
     for (int64_t t = 0; t < tokens; t++) {
@@ -64,8 +66,16 @@ void rope_and_cache(T *qkv, const int64_t *positions, const T *cos, const T *sin
         }
         for (int64_t h = 0; h < kv_heads; h++) {
             const int64_t slot = (h * pool_slots + slots[t]) * D;
-            std::memcpy(k_cache + slot, row + (heads + h) * D, D * sizeof(T));
-            std::memcpy(v_cache + slot, row + (heads + kv_heads + h) * D, D * sizeof(T));
+            const T *k = row + (heads + h) * D, *v = row + (heads + kv_heads + h) * D;
+            if constexpr (std::is_same_v<T, C>) {
+                std::memcpy(k_cache + slot, k, D * sizeof(T));
+                std::memcpy(v_cache + slot, v, D * sizeof(T));
+            } else {
+                for (int64_t i = 0; i < D; i++) {
+                    store(k_cache[slot + i], std::fmin(std::fmax(to_float(k[i]) / k_scale, -limit), limit));
+                    store(v_cache[slot + i], std::fmin(std::fmax(to_float(v[i]) / v_scale, -limit), limit));
+                }
+            }
         }
     }
 }
@@ -78,16 +88,6 @@ void rms_norm_f32(const float *x, const float *w, float *out, int64_t rows, int6
 }
 void rms_norm_bf16(const BFloat16 *x, const BFloat16 *w, BFloat16 *out, int64_t rows, int64_t dim, float eps) {
     rms_norm(x, w, out, rows, dim, eps);
-}
-void rope_and_cache_f32(float *qkv, const int64_t *pos, const float *cos, const float *sin, const int64_t *slots,
-                        float *k, float *v, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t D,
-                        int64_t pool_slots) {
-    rope_and_cache(qkv, pos, cos, sin, slots, k, v, tokens, heads, kv_heads, D, pool_slots);
-}
-void rope_and_cache_bf16(BFloat16 *qkv, const int64_t *pos, const BFloat16 *cos, const BFloat16 *sin,
-                         const int64_t *slots, BFloat16 *k, BFloat16 *v, int64_t tokens, int64_t heads,
-                         int64_t kv_heads, int64_t D, int64_t pool_slots) {
-    rope_and_cache(qkv, pos, cos, sin, slots, k, v, tokens, heads, kv_heads, D, pool_slots);
 }
 void silu_and_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t dim) {
     silu_and_mul(gate_up, out, rows, dim);
@@ -115,3 +115,13 @@ void linear_bf16_small(const BFloat16 *x, const BFloat16 *weight, const BFloat16
     }
 }
 }
+
+#define EXPORT_ROPE_AND_CACHE(SUFFIX, T, C)                                                               \
+    extern "C" void rope_and_cache_##SUFFIX(T *qkv, const int64_t *pos, const T *cos, const T *sin,         \
+                                            const int64_t *slots, C *k, C *v, int64_t tokens, int64_t heads, \
+                                            int64_t kv_heads, int64_t D, int64_t pool_slots, float k_scale, \
+                                            float v_scale, float limit) {                                    \
+        rope_and_cache(qkv, pos, cos, sin, slots, k, v, tokens, heads, kv_heads, D, pool_slots, k_scale,     \
+                       v_scale, limit);                                                                      \
+    }
+FOR_EACH_KV_TYPE(EXPORT_ROPE_AND_CACHE)

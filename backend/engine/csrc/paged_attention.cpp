@@ -4,7 +4,9 @@
 // Layout (as in backend/engine/attention.py):
 //   q             [T, H, D]           T query tokens (one per decoding sequence), token stride q_stride
 //   out           [T, H, D]           contiguous
-//   k/v cache     [KVH, NB, BS, D]    the pool of one layer
+//   k/v cache     [KVH, NB, BS, D]    the pool of one layer, in q's type or fp8 (keys stored as k / k_scale,
+//                                     values as v / v_scale: k_scale is folded into scale, v_scale applied
+//                                     to the output)
 //   block_tables  [T, max_blocks]     int64 block ids of each query's sequence
 //   context_lens  [T]                 int64: keys at positions 0 .. len-1 are attended
 // Query heads h = kvh * G + g share KV head kvh (G = H / KVH), as in GQA. Work is split over
@@ -20,11 +22,11 @@
 
 namespace {
 
-template <typename T>
-void decode_attention(const T *q, const T *k_cache, const T *v_cache, const int64_t *block_tables,
+template <typename T, typename C>
+void decode_attention(const T *q, const C *k_cache, const C *v_cache, const int64_t *block_tables,
                       const int64_t *context_lens, T *out, int64_t num_tokens, int64_t num_heads,
                       int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,
-                      int64_t max_blocks, int64_t q_stride, float scale) {
+                      int64_t max_blocks, int64_t q_stride, float scale, float v_scale) {
     const int64_t G = num_heads / num_kv_heads, D = head_dim;
 #pragma omp parallel for collapse(2) schedule(dynamic)
     for (int64_t t = 0; t < num_tokens; t++) {
@@ -38,7 +40,7 @@ void decode_attention(const T *q, const T *k_cache, const T *v_cache, const int6
                 return ((kvh * num_blocks + table[pos / block_size]) * block_size + pos % block_size) * D;
             };
             for (int64_t pos = 0; pos < len; pos++) {
-                const T *key = k_cache + row_of(pos);
+                const C *key = k_cache + row_of(pos);
                 for (int64_t g = 0; g < G; g++) {
                     const float *qg = query.data() + g * D;
                     float dot = 0.0f;
@@ -57,7 +59,7 @@ void decode_attention(const T *q, const T *k_cache, const T *v_cache, const int6
                 for (int64_t pos = 0; pos < len; pos++) s[pos] /= sum;
             }
             for (int64_t pos = 0; pos < len; pos++) {
-                const T *value = v_cache + row_of(pos);
+                const C *value = v_cache + row_of(pos);
                 for (int64_t g = 0; g < G; g++) {
                     const float p = scores[g * len + pos];
                     float *a = acc.data() + g * D;
@@ -65,21 +67,19 @@ void decode_attention(const T *q, const T *k_cache, const T *v_cache, const int6
                     for (int64_t d = 0; d < D; d++) a[d] += p * to_float(value[d]);
                 }
             }
-            for (int64_t i = 0; i < G * D; i++) store(out[head_offset + i], acc[i]);
+            for (int64_t i = 0; i < G * D; i++) store(out[head_offset + i], acc[i] * v_scale);
         }
     }
 }
 
 }  // namespace
 
-#define EXPORT(NAME, T)                                                                                  \
-    extern "C" void NAME(const T *q, const T *k, const T *v, const int64_t *tables, const int64_t *lens, \
-                         T *out, int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,            \
-                         int64_t head_dim, int64_t num_blocks, int64_t block_size, int64_t max_blocks,    \
-                         int64_t q_stride, float scale) {                                                \
+#define EXPORT(SUFFIX, T, C)                                                                             \
+    extern "C" void paged_decode_attention_##SUFFIX(                                                     \
+        const T *q, const C *k, const C *v, const int64_t *tables, const int64_t *lens, T *out,           \
+        int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, \
+        int64_t block_size, int64_t max_blocks, int64_t q_stride, float scale, float v_scale) {          \
         decode_attention(q, k, v, tables, lens, out, num_tokens, num_heads, num_kv_heads, head_dim,      \
-                         num_blocks, block_size, max_blocks, q_stride, scale);                           \
+                         num_blocks, block_size, max_blocks, q_stride, scale, v_scale);                  \
     }
-
-EXPORT(paged_decode_attention_f32, float)
-EXPORT(paged_decode_attention_bf16, BFloat16)
+FOR_EACH_KV_TYPE(EXPORT)

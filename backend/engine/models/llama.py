@@ -140,6 +140,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.scale = args.head_dim**-0.5
+        self.kv_scales = (1.0, 1.0)  # vLLM's k_scale, v_scale for an fp8 KV pool (1.0: no checkpoint scales)
 
     def forward(self, x, rope: Rope, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
@@ -154,6 +155,7 @@ class Attention(nn.Module):
                 k_cache,
                 v_cache,
                 self.num_heads,
+                self.kv_scales,
             )
             heads = qkv.view(t, -1, self.head_dim)
             q, k, v = heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
@@ -165,8 +167,8 @@ class Attention(nn.Module):
                 )
             q, k = apply_rope(qk, rope.cos, rope.sin).split([self.num_heads, self.num_kv_heads], dim=1)
             v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
-            write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        o = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+            write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping, self.kv_scales)
+        o = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.kv_scales)
         return self.o_proj(o.view(t, self.q_size))
 
 
