@@ -76,3 +76,31 @@ def bash_syntax_ok(script: Path) -> subprocess.CompletedProcess:
 def flag_value(argv: list[str], flag: str) -> str:
     assert flag in argv, f"{flag} missing from {argv}"
     return argv[argv.index(flag) + 1]
+
+
+def skypilot_errors(task: dict) -> list[str]:
+    """What SkyPilot 0.14.1's own schemas reject in a task (recorded by tools/skypilot_schema.py)."""
+    import jsonschema
+
+    recorded = json.loads((Path(__file__).parent / "data" / "skypilot" / "schemas-0.14.1.json").read_text())
+
+    def case_insensitive_enum(validator, enums, instance, schema):
+        if instance.lower() not in [e.lower() for e in enums]:
+            yield jsonschema.ValidationError(f"{instance!r} is not one of {enums!r}")
+
+    def case_sensitive_enum(validator, enums, instance, schema):
+        if instance not in enums:
+            yield jsonschema.ValidationError(f"{instance!r} is not one of {enums!r}")
+
+    sky_validator = jsonschema.validators.extend(
+        jsonschema.Draft7Validator,
+        validators={
+            "case_insensitive_enum": case_insensitive_enum,
+            "case_sensitive_enum": case_sensitive_enum,
+        },
+    )
+    given = {k: v for k, v in task.items() if v is not None}  # SkyPilot drops empty fields first
+    errors = [f"task: {e.message}" for e in sky_validator(recorded["task"]).iter_errors(given)]
+    resources = given.get("resources") or {}
+    errors += [f"resources: {e.message}" for e in sky_validator(recorded["resources"]).iter_errors(resources)]
+    return errors

@@ -19,7 +19,7 @@ from backend.export import ExportOptions, export_files, zip_files
 from backend.export.skypilot import accelerator
 from backend.planner.request import PlanRequest
 from tests.common_utils import ROOT
-from tests.export_utils import bash_syntax_ok, write_files
+from tests.export_utils import bash_syntax_ok, skypilot_errors, write_files
 
 REMOVED_FLAGS = ("--swap-space", "--speculative-model ", "--num-speculative-tokens", "--use-v2-block-manager")
 
@@ -168,6 +168,17 @@ def test_skypilot_tasks_request_the_plan_gpus(export):
         assert int(count) * nodes == expected_gpus(req, engine)
         assert set(task["secrets"]) >= {options.hf_token_env}
         assert all(value is None for value in task["secrets"].values())  # names only, never values
+
+
+def test_skypilot_tasks_pass_skypilots_own_schemas(export):
+    _, _, files, _ = export
+    tasks = {p: yaml.safe_load(files[p]) for p in files if p.endswith("skypilot.yaml")}
+    for path, task in tasks.items():
+        assert skypilot_errors(task) == [], path
+    if tasks:  # the check can fail: a misspelt field and a bad resources value are both caught
+        task = next(iter(tasks.values()))
+        assert skypilot_errors({**task, "num_node": 2})
+        assert skypilot_errors({**task, "resources": {**task["resources"], "use_spot": "sometimes"}})
 
 
 def test_endpoint_payload_matches_huggingface_hub(export, monkeypatch):
