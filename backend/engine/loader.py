@@ -2,6 +2,8 @@
 
 GGUF files keep their quantized tensors as stored (quantization/), unless dequantize_weights: then
 transformers (the reference implementation) dequantizes the whole file and we take its state dict.
+GPTQ and AWQ folders (config.json's quantization_config) keep their packed linears as stored too, or
+have them dequantized to float32 at load with dequantize_weights.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import torch
 
 from backend.engine.models.llama import FUSED, LlamaForCausalLM, ModelArgs
 from backend.engine.quantization.gguf_reader import QuantizedWeight, read_gguf_tensors
+from backend.engine.quantization.gptq_awq import METHODS, PackedWeight, take_packed
 from backend.engine.quantization.install import install_quantized
+from backend.engine.quantization.quantized_linear import Part, dequantize_part
 from backend.errors import ModelNotFound
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -97,11 +101,37 @@ def read_gguf_quantized(
     return hf_config, plain, quantized
 
 
-def describe_quantization(quantized: dict[str, QuantizedWeight]) -> str | None:
+def describe_quantization(quantized: dict[str, Part], hf_config: Any = None) -> str | None:
     counts: dict[str, int] = {}
     for weight in quantized.values():
-        counts[weight.qtype.upper()] = counts.get(weight.qtype.upper(), 0) + 1
-    return "gguf " + ", ".join(f"{t} ({n} tensors)" for t, n in counts.items()) if counts else None
+        kind = weight.qtype.upper() if isinstance(weight, QuantizedWeight) else f"{weight.bits}-bit"
+        counts[kind] = counts.get(kind, 0) + 1
+    if not counts:
+        return None
+    method = "gguf"
+    if any(isinstance(weight, PackedWeight) for weight in quantized.values()):
+        config = hf_config.quantization_config
+        group = config.get("group_size", config.get("q_group_size"))
+        method = f"{config['quant_method']} (group {'per-channel' if group == -1 else group})"
+    return f"{method} " + ", ".join(f"{t} ({n} tensors)" for t, n in counts.items())
+
+
+def read_packed(state: dict[str, torch.Tensor], hf_config: Any, dequantize_weights: bool) -> dict[str, Part]:
+    """The GPTQ / AWQ linears of state as stored (taken out of state), or dequantized into state."""
+    config = getattr(hf_config, "quantization_config", None)
+    if not config:
+        return {}
+    method = config.get("quant_method")
+    if method not in METHODS:
+        raise ValueError(
+            f"Unsupported quantization {method!r} in config.json; the engine runs {', '.join(METHODS)} "
+            "checkpoints and GGUF files (or use vLLM for this one)"
+        )
+    packed: dict[str, Part] = dict(take_packed(state, config))
+    if dequantize_weights:
+        state |= {name: dequantize_part(weight) for name, weight in packed.items()}
+        return {}
+    return packed
 
 
 def read_state_dict(folder: str) -> dict[str, torch.Tensor]:
@@ -180,9 +210,10 @@ def load_model(
 
     folder, gguf_file = resolve_model(model)
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    quantized: dict[str, QuantizedWeight] = {}
+    quantized: dict[str, Part] = {}
     if gguf_file and not dequantize_weights:
-        hf_config, state, quantized = read_gguf_quantized(folder, gguf_file, trust_remote_code)
+        hf_config, state, gguf_quantized = read_gguf_quantized(folder, gguf_file, trust_remote_code)
+        quantized = dict(gguf_quantized)
     elif gguf_file:  # parsing a GGUF file is slow: read the config and the weights in one pass
         hf_config, state = read_gguf(folder, gguf_file, trust_remote_code)
         architecture_of(hf_config)
@@ -190,13 +221,18 @@ def load_model(
         hf_config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
         architecture_of(hf_config)  # fail fast, before reading weights
         state = read_state_dict(folder)
+        quantized = read_packed(state, hf_config, dequantize_weights)
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code, **kwargs)
     args = model_args(hf_config, {**state, **quantized})
     with torch.device("meta"):
         net = LlamaForCausalLM(args)
     net = net.to_empty(device=device).to(dtype)
     for weight in quantized.values():
-        weight.data = weight.data.to(device)
+        if isinstance(weight, PackedWeight):
+            weight.qweight, weight.qzeros = weight.qweight.to(device), weight.qzeros.to(device)
+            weight.scales, weight.g_idx = weight.scales.to(device), weight.g_idx.to(device)
+        else:
+            weight.data = weight.data.to(device)
     state |= install_quantized(net, quantized, FUSED)
     net.load_hf_state_dict(state)
     del state
@@ -208,4 +244,6 @@ def load_model(
         gen_eos = getattr(hf_config, "eos_token_id", None)
     eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
     name = Path(gguf_file).name.split(".")[0] if gguf_file else Path(model.rstrip("/")).name
-    return LoadedModel(net.eval(), hf_config, tokenizer, name, sorted(eos), describe_quantization(quantized))
+    return LoadedModel(
+        net.eval(), hf_config, tokenizer, name, sorted(eos), describe_quantization(quantized, hf_config)
+    )

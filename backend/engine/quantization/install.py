@@ -7,15 +7,20 @@ import logging
 import torch
 
 from backend.engine.models.llama import LlamaForCausalLM
-from backend.engine.quantization.gguf_blocks import dequantize
 from backend.engine.quantization.gguf_reader import QuantizedWeight
-from backend.engine.quantization.quantized_linear import QuantizedEmbedding, QuantizedLinear, Scratch
+from backend.engine.quantization.quantized_linear import (
+    Part,
+    QuantizedEmbedding,
+    QuantizedLinear,
+    Scratch,
+    dequantize_part,
+)
 
 log = logging.getLogger(__name__)
 
 
 def install_quantized(
-    model: LlamaForCausalLM, quantized: dict[str, QuantizedWeight], fused: dict[str, tuple[str, int]]
+    model: LlamaForCausalLM, quantized: dict[str, Part], fused: dict[str, tuple[str, int]]
 ) -> dict[str, torch.Tensor]:
     """Replace the model's dense layers that quantized (transformers' names) covers with quantized ones.
 
@@ -24,7 +29,7 @@ def install_quantized(
     quantized), dequantized, for the dense path."""
     dtype = model.norm.weight.dtype
     scratch = Scratch()
-    groups: dict[str, dict[int, tuple[str, QuantizedWeight]]] = {}
+    groups: dict[str, dict[int, tuple[str, Part]]] = {}
     for name, weight in quantized.items():
         pieces = name.removeprefix("model.").split(".")[:-1]  # drop ".weight"
         target, index = fused.get(pieces[-1], (pieces[-1], 0))
@@ -33,6 +38,7 @@ def install_quantized(
     for path, parts in groups.items():
         weights = [parts[i][1] for i in sorted(parts)]
         if path == "embed_tokens":
+            assert isinstance(weights[0], QuantizedWeight), "only GGUF quantizes the embedding"
             model.embed_tokens = QuantizedEmbedding(weights[0], dtype)
             if model.lm_head is None:  # tied: the output projection reads the same blocks
                 model.lm_head = QuantizedLinear(weights, False, scratch, dtype)
@@ -42,7 +48,7 @@ def install_quantized(
         dense = getattr(parent, child)
         if sum(w.shape[0] for w in weights) != dense.out_features:
             log.warning("%s: only some of its parts are quantized; dequantizing it at load", path)
-            leftovers |= {name: dequantize(w.data, w.qtype) for name, w in parts.values()}
+            leftovers |= {name: dequantize_part(w) for name, w in parts.values()}
             continue
         setattr(parent, child, QuantizedLinear(weights, dense.bias is not None, scratch, dtype))
     return leftovers

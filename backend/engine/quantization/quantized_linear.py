@@ -1,4 +1,5 @@
-"""Layers over GGUF-quantized weights (install.py puts them into a model in place of its dense ones).
+"""Layers over quantized weights (install.py puts them into a model in place of its dense ones): GGUF
+blocks, and GPTQ / AWQ packed integers (gptq_awq.PackedWeight, decoded in PyTorch, no fused kernel yet).
 
 QuantizedLinear computes x @ W^T from W's blocks: batches of up to cpu_kernels.QUANT_GEMV_MAX_ROWS rows go
 through the fused decode + matrix-vector kernel (each block read once, decoded in cache); larger ones
@@ -17,7 +18,9 @@ from backend.engine import cpu_kernels
 from backend.engine.device import cpu_has_fast_bf16
 from backend.engine.quantization.gguf_blocks import dequantize
 from backend.engine.quantization.gguf_reader import QuantizedWeight
+from backend.engine.quantization.gptq_awq import PackedWeight
 
+Part = QuantizedWeight | PackedWeight
 TILE_WEIGHTS = 1 << 20  # weights decoded per GEMM call: 2-4 MB, about an L2 cache
 
 
@@ -34,21 +37,39 @@ class Scratch:
         return buffer[:numel]
 
 
-def decode_rows(
-    part: QuantizedWeight, data: torch.Tensor, out: torch.Tensor, use_kernel: bool
-) -> torch.Tensor:
-    """Rows data [r, row_bytes] of part decoded into out [r, k]."""
+def decode_blocks(data: torch.Tensor, qtype: str, out: torch.Tensor, use_kernel: bool) -> torch.Tensor:
+    """GGUF blocks data [r, row_bytes] decoded into out [r, k]."""
     if use_kernel:
-        return cpu_kernels.quant_dequant(data, part.qtype, out)
-    return out.copy_(dequantize(data, part.qtype))
+        return cpu_kernels.quant_dequant(data, qtype, out)
+    return out.copy_(dequantize(data, qtype))
 
 
-def merge_same_type(parts: list[QuantizedWeight]) -> list[QuantizedWeight]:
-    """Neighbouring parts of one type joined into one (rows are whole blocks): fewer kernel calls."""
+def decode_rows(part: Part, first: int, last: int, out: torch.Tensor, use_kernel: bool) -> torch.Tensor:
+    """Rows first..last-1 of part decoded into out [last - first, k]."""
+    if isinstance(part, PackedWeight):
+        return out.copy_(part.dequantize_rows(first, last))
+    return decode_blocks(part.data[first:last], part.qtype, out, use_kernel)
+
+
+def dequantize_part(part: Part) -> torch.Tensor:
+    """The whole weight [n, k] in float32 (for the dense path)."""
+    if isinstance(part, PackedWeight):
+        return part.dequantize_rows(0, part.shape[0])
+    return dequantize(part.data, part.qtype)
+
+
+def part_tensors(part: Part) -> list[torch.Tensor]:
+    return part.tensors() if isinstance(part, PackedWeight) else [part.data]
+
+
+def merge_same_type(parts: list[Part]) -> list[Part]:
+    """Neighbouring GGUF parts of one type joined into one (rows are whole blocks): fewer kernel calls."""
     merged = [parts[0]]
     for part in parts[1:]:
         last = merged[-1]
-        if part.qtype != last.qtype:
+        if not (isinstance(part, QuantizedWeight) and isinstance(last, QuantizedWeight)) or (
+            part.qtype != last.qtype
+        ):
             merged.append(part)
             continue
         data = torch.cat((last.data, part.data))
@@ -59,26 +80,32 @@ def merge_same_type(parts: list[QuantizedWeight]) -> list[QuantizedWeight]:
 class QuantizedLinear(nn.Module):
     use_kernel = False  # set by LlamaForCausalLM.prepare_weights when cpu_kernels serve this model
 
-    def __init__(
-        self, parts: list[QuantizedWeight], bias: bool, scratch: Scratch, dtype: torch.dtype
-    ) -> None:
+    def __init__(self, parts: list[Part], bias: bool, scratch: Scratch, dtype: torch.dtype) -> None:
         super().__init__()
         assert len({p.shape[1] for p in parts}) == 1, "fused parts share the input size"
         self.parts = merge_same_type(parts)
-        for i, part in enumerate(parts):
-            self.register_buffer(f"qweight_{i}", part.data)  # counted by weights_bytes, moved by .to()
+        self.has_gemv = all(isinstance(p, QuantizedWeight) for p in parts)  # the fused kernel: GGUF only
+        tensors = [t for part in parts for t in part_tensors(part)]
+        for i, tensor in enumerate(tensors):
+            self.register_buffer(f"qweight_{i}", tensor)  # counted by weights_bytes, moved by .to()
         self.in_features = parts[0].shape[1]
         self.out_features = sum(p.shape[0] for p in parts)
-        device = parts[0].data.device
+        device = tensors[0].device
         self.bias = nn.Parameter(torch.zeros(self.out_features, dtype=dtype, device=device)) if bias else None
         self.scratch = scratch
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [rows, in_features]
         rows = x.shape[0]
-        if self.use_kernel and rows <= cpu_kernels.QUANT_GEMV_MAX_ROWS and x.is_contiguous():
+        if (
+            self.use_kernel
+            and self.has_gemv
+            and rows <= cpu_kernels.QUANT_GEMV_MAX_ROWS
+            and x.is_contiguous()
+        ):
             out = x.new_empty(rows, self.out_features)
             start = 0
             for part in self.parts:
+                assert isinstance(part, QuantizedWeight)
                 stop = start + part.shape[0]
                 bias = None if self.bias is None else self.bias[start:stop]
                 cpu_kernels.quant_gemv(x, part.data, part.qtype, bias, out[:, start:stop])
@@ -90,15 +117,13 @@ class QuantizedLinear(nn.Module):
         fast = x.device.type == "cuda" or x.dtype == torch.float32 or cpu_has_fast_bf16()
         compute = x if fast else x.float()  # bf16 GEMMs without bf16 units: fp32 (see llama.Linear)
         out = compute.new_empty(x.shape[0], self.out_features)
-        tile_rows = max(1, TILE_WEIGHTS // self.in_features)
+        tile_rows = max(32, TILE_WEIGHTS // self.in_features // 32 * 32)  # a multiple of any row_multiple
         start = 0
         for part in self.parts:
             for first in range(0, part.shape[0], tile_rows):
                 last = min(first + tile_rows, part.shape[0])
                 buffer = self.scratch.get((last - first) * self.in_features, compute.dtype, x.device)
-                tile = decode_rows(
-                    part, part.data[first:last], buffer.view(last - first, -1), self.use_kernel
-                )
+                tile = decode_rows(part, first, last, buffer.view(last - first, -1), self.use_kernel)
                 torch.mm(compute, tile.t(), out=out[:, start + first : start + last])
             start += part.shape[0]
         if self.bias is not None:
@@ -118,4 +143,4 @@ class QuantizedEmbedding(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
         rows = self.weight_q.data.index_select(0, input_ids)
         out = torch.empty(rows.shape[0], self.weight_q.shape[1], dtype=self.dtype, device=rows.device)
-        return decode_rows(self.weight_q, rows, out, self.use_kernel)
+        return decode_blocks(rows, self.weight_q.qtype, out, self.use_kernel)
