@@ -125,3 +125,5 @@ def assert_engine_clean(llm) -> None:
     assert bm.num_free_blocks == bm.num_blocks, f"{bm.num_used_blocks} KV blocks still in use"
     assert all(count == 0 for count in bm.ref_counts)
     assert llm.stats().num_kv_blocks_used == 0
+    if engine.speculator is not None:  # the draft model's own KV pool, too
+        assert engine.speculator.proposer.num_used_blocks == 0, "draft KV blocks still in use"

@@ -4,6 +4,7 @@ keyword arguments, the UI's Launch form and the embedded exporter, and each of t
 from __future__ import annotations
 
 import argparse
+import json
 import ast
 import subprocess
 import sys
@@ -30,6 +31,7 @@ EVERYTHING_SET = EngineConfig(
     max_num_batched_tokens=128, max_model_len=1024, num_kv_blocks=77, kv_cache_memory_bytes=5 << 20,
     kv_cache_dtype="fp8_e5m2",
     enable_prefix_caching=False, seed=7, trust_remote_code=True, dequantize_weights=True,
+    speculative_config='{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":4}',
 )  # fmt: skip
 
 
@@ -132,3 +134,18 @@ def test_reading_the_config_and_the_server_cli_does_not_import_torch():
     """`app.py --help` and the UI's forms read EngineConfig; torch loads only with the engine."""
     code = "import sys, backend.engine.config, backend.server.cli; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+@pytest.mark.parametrize(
+    ("method", "model"), [("ngram", None), ("draft_model", "/models/draft.gguf")]
+)
+def test_embedded_export_writes_vllms_speculative_config_and_the_server_reads_it(method, model):
+    """The exporter's speculative settings for the embedded engine are vLLM's JSON, read back as is."""
+    from backend.export.engine import speculative_config
+
+    options = ExportOptions(speculative_method=method, speculative_model=model, num_speculative_tokens=5)
+    plan = resolve(PlanRequest(model="/models/m.gguf", engine="embedded", quant="gguf"), options)
+    argv = [str(token) for token in EXPORTER.command(plan, "127.0.0.1", 8000)]
+    config = EngineConfig.from_cli_args(server_parser().parse_args(argv[3:]))
+    assert json.loads(config.speculative_config) == speculative_config(plan)
+    assert json.loads(config.speculative_config)["num_speculative_tokens"] == 5

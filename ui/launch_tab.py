@@ -12,7 +12,8 @@ from typing import Any
 
 import gradio as gr
 
-from backend.engine.config import EngineConfig, cli_types, config_field
+from backend.engine.config import EngineConfig, cli_types, config_field, speculative_model
+from backend.engine.stats import EngineStats
 from backend.server.engine_holder import EngineHolder, EngineState
 from ui import external
 from ui.common import (
@@ -62,6 +63,8 @@ def launch_config(form: dict[str, Any]) -> EngineConfig:
             value = None if number is None else number * FORM_SCALE.get(f.name, 1)
         elif kind is bool:
             value = bool(value)
+        elif f.default is None:  # an optional text field: empty means unset
+            value = (value or "").strip() or None
         values[f.name] = value
     return EngineConfig(model=model, **values)
 
@@ -74,6 +77,8 @@ def engine_input(f: Field, visible: bool = True) -> gr.components.Component:
         return gr.Checkbox(value, label=label, info=info, visible=visible)
     if f.metadata["choices"]:
         return gr.Dropdown(list(f.metadata["choices"]), value=value, label=label, info=info)
+    if cli_types()[f.name] is str:
+        return gr.Textbox(value or "", label=label, info=info, placeholder="unset")
     return gr.Number(value, label=label, info=info, precision=0)
 
 
@@ -131,6 +136,7 @@ def status_html(holder: EngineHolder) -> str:
             f"{stats.kv_pool_bytes / kv_tokens / 1024:,.1f} KiB ({kib(plan.get('kv_bytes_per_token'))})",
         ),
         ("Process memory (RSS)", gib(stats.rss_bytes)),
+        ("Speculative decoding", speculation_summary(stats)),
         ("Loaded in", f"{status.load_seconds:.1f} s"),
     ]
     body = "".join(f"<div class='kpi'><span>{k}</span><b>{html.escape(str(v))}</b></div>" for k, v in cells)
@@ -170,6 +176,16 @@ def launch_engine(
     )
 
 
+def speculation_summary(stats: EngineStats) -> str:
+    if stats.speculative_method is None:
+        return "off"
+    return (
+        f"{stats.speculative_method}, k={stats.num_speculative_tokens}: "
+        f"{stats.spec_decode_acceptance_rate:.0%} of drafts accepted, "
+        f"{stats.spec_decode_mean_acceptance_length:.2f} tokens per step"
+    )
+
+
 def authorize_launch(ctx: AppContext, token: str | None, config: EngineConfig) -> None:
     """Public mode: the admin token first (a visitor learns nothing about models), then no remote code,
     a Hub id or the app's own model, and a download within the size cap."""
@@ -179,6 +195,11 @@ def authorize_launch(ctx: AppContext, token: str | None, config: EngineConfig) -
     policy.check_model_name(config.model, presets=(ctx.default_model,))
     if policy.is_public and config.model != ctx.default_model:
         policy.check_model_size(config.model)
+    draft = speculative_model(config)
+    if draft is not None:  # a draft model is a second model to load: the same rules
+        policy.check_model_name(draft)
+        if policy.is_public:
+            policy.check_model_size(draft)
 
 
 def stop_engine(holder: EngineHolder, authorize: Callable[[], None] | None = None) -> tuple[str, str]:

@@ -131,6 +131,17 @@ class BlockManager:
             self.cached[block_id] = CachedBlock(h, tokens, serial, parent.serial if parent else None)
             self.hash_to_block[h] = block_id
 
+    def trim(self, seq: Sequence) -> None:
+        """Free the blocks past seq's computed tokens (KV of rejected draft tokens); they were never
+        hashed, since only full blocks of computed tokens are, so the prefix cache is untouched."""
+        keep = -(-seq.num_computed_tokens // self.block_size)
+        while len(seq.block_table) > keep:
+            block_id = seq.block_table.pop()
+            assert self.cached[block_id] is None and self.ref_counts[block_id] == 1
+            self.ref_counts[block_id] = 0
+            self.free_blocks[block_id] = None
+            self.free_blocks.move_to_end(block_id, last=False)
+
     def free(self, seq: Sequence) -> None:
         # reversed: a sequence's tail blocks are the least likely to be shared, so they are evicted first
         for block_id in reversed(seq.block_table):

@@ -13,6 +13,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from functools import cache
 from typing import Any, get_type_hints
 
+from backend.engine.spec_decode.config import SpeculativeConfig, canonical_json
 from backend.errors import UserError
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -53,10 +54,20 @@ class EngineConfig:
     dequantize_weights: bool = knob(
         False, "expand a quantized checkpoint (GGUF) to dtype at load instead of running it as stored"
     )
+    speculative_config: str | None = knob(
+        None,
+        "speculative decoding, vLLM's JSON: "
+        '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4} or '
+        '{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}; unset = off',
+    )
 
     def __post_init__(self) -> None:
+        if isinstance(self.speculative_config, dict):  # LLM(speculative_config={...}), like vLLM
+            self.speculative_config = canonical_json(self.speculative_config)
         for f in fields(self):
             check_value(f, getattr(self, f.name))
+        if self.speculative_config is not None:
+            self.speculative_config = canonical_json(self.speculative_config)
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineConfig:
@@ -144,3 +155,10 @@ def check_value(f: Field, value: Any) -> None:
 
 def config_field(name: str) -> Field:
     return next(f for f in fields(EngineConfig) if f.name == name)
+
+
+def speculative_model(config: EngineConfig) -> str | None:
+    """The draft model a config would load (None without one)."""
+    if config.speculative_config is None:
+        return None
+    return SpeculativeConfig.parse(config.speculative_config).model

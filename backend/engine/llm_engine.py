@@ -18,8 +18,9 @@ from backend.engine.outputs import RequestMetrics, RequestOutput
 from backend.engine.request import Request
 from backend.engine.sampler import Sampler
 from backend.engine.sampling_params import SamplingParams
-from backend.engine.scheduler import Scheduler
+from backend.engine.scheduler import ScheduledSeq, Scheduler
 from backend.engine.sequence import Sequence
+from backend.engine.spec_decode.speculator import make_speculator
 from backend.engine.stats import EngineCounters, EngineStats, engine_stats
 from backend.engine.structured_output import StructuredOutputManager
 
@@ -48,8 +49,14 @@ class LLMEngine:
         model.rope_cos, model.rope_sin = cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.kv_cache_dtype)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.sampler = Sampler(config.seed)
+        self.speculator = make_speculator(self, num_blocks)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            on_free=self.speculator.free if self.speculator else None,
+        )
         eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else None
         self.structured_output = StructuredOutputManager(self.tokenizer, model.args.vocab_size, eos)
         self.requests: dict[str, Request] = {}
@@ -185,6 +192,12 @@ class LLMEngine:
         """schedule -> run the model -> sample -> update. An exception fails only the requests it can be
         pinned on (all of the batch when the shared forward pass fails); the engine keeps serving."""
         start = time.perf_counter()
+        if self.speculator is not None:
+            try:
+                self.speculator.propose(self.scheduler.running)
+            except Exception as exc:  # the draft model's forward pass: fail the sequences it served
+                why = f"proposing draft tokens failed: {_describe(exc)}"
+                return self._fail_requests({seq.request_id: why for seq in self.scheduler.running})
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return []
@@ -200,13 +213,16 @@ class LLMEngine:
             return self._fail_requests({item.seq.request_id: why for item in scheduled})
         failed: dict[str, str] = {}
         for item in scheduled:
-            item.seq.num_computed_tokens += item.num_new_tokens
-            self.block_manager.cache_full_blocks(item.seq)
+            if not item.spec_token_ids:  # a verification advances by what it accepts (_verify)
+                item.seq.num_computed_tokens += item.num_new_tokens
+                self.block_manager.cache_full_blocks(item.seq)
+        touched: dict[str, Request] = {}
+        now = time.time()
+        if any(item.spec_token_ids for item in sampling):
+            sampling, logits = self._verify(sampling, logits, failed, touched, now)
         seqs = [item.seq for item in sampling]
         logits = self.structured_output.apply_bitmask(logits, [seq.grammar for seq in seqs])
         tokens, logprobs = self._sample(logits, seqs, failed)
-        touched: dict[str, Request] = {}
-        now = time.time()
         for row, (seq, token_id) in enumerate(zip(seqs, tokens, strict=True)):
             if token_id is None or seq.request_id in failed:
                 continue
@@ -227,6 +243,43 @@ class LLMEngine:
             outputs.append(request.output())
         self.counters.record_step(time.perf_counter() - start)
         return outputs
+
+    def _verify(
+        self, sampling: list[ScheduledSeq], logits, failed: dict[str, str], touched: dict, now: float
+    ) -> tuple[list[ScheduledSeq], Any]:
+        """Verify the drafts of the sequences that carried some; returns the others and their logits."""
+        assert self.speculator is not None
+        plain: list[ScheduledSeq] = []
+        plain_rows: list[int] = []
+        row = 0
+        for item in sampling:  # every item samples: 1 + drafts rows (num_computed_tokens moved on)
+            num_rows = 1 + len(item.spec_token_ids)
+            rows = logits[row : row + num_rows]
+            if not item.spec_token_ids:
+                plain.append(item)
+                plain_rows.append(row)
+            else:
+                try:
+                    self._check_fault("sample", [item.seq])
+                    tokens = self.speculator.verify(item, rows)
+                    self._accept(item, tokens, rows, now)
+                    touched[item.seq.request_id] = self.requests[item.seq.request_id]
+                except Exception as exc:  # this sequence's sampling or output processing
+                    failed[item.seq.request_id] = f"verifying draft tokens failed: {_describe(exc)}"
+            row += num_rows
+        return plain, logits[plain_rows]
+
+    def _accept(self, item: ScheduledSeq, tokens: list[int], logits, now: float) -> None:
+        """Append the verified tokens; the KV of the accepted drafts stays, that of the rejected goes."""
+        seq, num_accepted = item.seq, len(tokens) - 1
+        seq.num_computed_tokens += item.num_new_tokens - len(item.spec_token_ids) + num_accepted
+        logprobs = logits.log_softmax(-1) if seq.logprobs is not None else None
+        for i, token_id in enumerate(tokens):
+            self._update(seq, token_id, None if logprobs is None else logprobs[i], now)
+            if seq.is_finished:
+                return
+        self.block_manager.cache_full_blocks(seq)  # only now: a block is hashed once its tokens are known
+        self.scheduler.rollback(seq)
 
     def _sample(self, logits, seqs: list[Sequence], failed: dict[str, str]) -> tuple[list, Any]:
         """Tokens per row (None where that row failed) and the logprob rows (or None)."""

@@ -20,7 +20,7 @@ class StepInputs:
     input_ids: list[int]
     positions: list[int]
     slots: list[int]  # KV-pool slot of each token: block_id * block_size + offset
-    logits_rows: list[int]  # the rows whose logits are sampled (each sequence's last new token)
+    logits_rows: list[int]  # rows whose logits are sampled: each sequence's last token and its drafts
 
 
 FP8_CACHE_DTYPES = {
@@ -74,7 +74,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], torch.Tensor]:
-        """Run one step. Returns the sequences that sample (in row order) and their logits [n, vocab] fp32.
+        """Run one step. Returns the sequences that sample (in row order) and their logits [n, vocab] fp32,
+        `num_logits` consecutive rows per sequence (1 + its drafts when it verifies drafts).
 
         Rows are decodes first (one token each), then prefill chunks, like vLLM's V1 runner."""
         decodes = [s for s in scheduled if s.num_new_tokens == 1]
@@ -106,10 +107,11 @@ class ModelRunner:
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_new_tokens
             inputs.input_ids.extend(seq.token_ids[start:end])
+            inputs.input_ids.extend(item.spec_token_ids)  # drafts follow the sequence's last token
             inputs.positions.extend(range(start, end))
             inputs.slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(start, end))
-            if item.samples:
-                inputs.logits_rows.append(len(inputs.input_ids) - 1)
+            last = len(inputs.input_ids)
+            inputs.logits_rows.extend(range(last - item.num_logits, last))
         return inputs
 
     def prepare_prefill(self, prefills: list[ScheduledSeq], first_row: int) -> tuple[list[PrefillChunk], int]:

@@ -4,12 +4,15 @@ One token budget (max_num_batched_tokens) per step is shared by running sequence
 one token, an unfinished prefill as many as fit), then waiting ones in arrival order, so long prompts are
 chunked and never stall running decodes. When the KV pool runs out, the most recently admitted running
 sequence is preempted: its blocks are freed and it goes back to the front of the queue, to be recomputed.
+A decoding sequence with draft tokens (speculative decoding) asks for 1 + drafts tokens, the drafts cut
+to what the budget leaves; their KV slots are reserved like any other and given back by rollback().
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from backend.engine.block_manager import BlockManager
 from backend.engine.sequence import Sequence, SequenceStatus
@@ -18,17 +21,31 @@ from backend.engine.sequence import Sequence, SequenceStatus
 @dataclass(slots=True)
 class ScheduledSeq:
     seq: Sequence
-    num_new_tokens: int
+    num_new_tokens: int  # including the draft tokens
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts verified this step (after the tokens)
 
     @property
     def samples(self) -> bool:
         """True when this step computes the sequence's last known token, so its logits give the next one."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == len(self.seq.token_ids)
+        num_known = self.num_new_tokens - len(self.spec_token_ids)
+        return self.seq.num_computed_tokens + num_known == len(self.seq.token_ids)
+
+    @property
+    def num_logits(self) -> int:
+        """Rows of logits this sequence gets: one per draft plus the bonus token (0 mid-prefill)."""
+        return 1 + len(self.spec_token_ids) if self.samples else 0
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        on_free: Callable[[Sequence], None] | None = None,
+    ) -> None:
         self.block_manager = block_manager
+        self.on_free = on_free  # called when a sequence gives back its blocks (the draft model's too)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -46,13 +63,14 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             num_new = min(seq.num_uncomputed_tokens, budget)
-            if not self._reserve(seq, num_new):
+            drafts = seq.spec_token_ids[: budget - num_new] if seq.num_uncomputed_tokens == 1 else []
+            if not self._reserve(seq, num_new + len(drafts)):
                 preempted = True
                 if seq.status == SequenceStatus.WAITING:  # it was itself preempted
                     break
                 continue  # a later sequence made room; retry this one
-            scheduled.append(ScheduledSeq(seq, num_new))
-            budget -= num_new
+            scheduled.append(ScheduledSeq(seq, num_new + len(drafts), drafts))
+            budget -= num_new + len(drafts)
             i += 1
 
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -83,9 +101,17 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
+        seq.spec_token_ids = []
+        if self.on_free is not None:
+            self.on_free(seq)
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+
+    def rollback(self, seq: Sequence) -> None:
+        """After verification: give back the blocks that hold only rejected draft tokens (never cached)."""
+        self.block_manager.trim(seq)
+        seq.spec_token_ids = []
 
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence wherever it is and free its blocks at once."""
@@ -94,4 +120,6 @@ class Scheduler:
         elif seq.status == SequenceStatus.WAITING:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
+        if self.on_free is not None:
+            self.on_free(seq)
         seq.status = SequenceStatus.FINISHED

@@ -47,6 +47,7 @@ class Sequence:
         self.metrics = metrics
         self.generator: torch.Generator | None = None
         self.grammar: Grammar | None = None  # set when params.structured_outputs constrains the output
+        self.spec_token_ids: list[int] = []  # draft tokens proposed for the next step (not yet verified)
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed + index)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from backend.engine.config import EngineConfig
     from backend.engine.model_runner import ModelRunner
     from backend.engine.scheduler import Scheduler
+    from backend.engine.spec_decode.speculator import Speculator
 
 
 @dataclass(slots=True)
@@ -45,6 +46,7 @@ class StatsSource(Protocol):
     scheduler: Scheduler
     runner: ModelRunner
     counters: EngineCounters
+    speculator: Speculator | None
 
 
 def _snapshot(items) -> list:
@@ -87,6 +89,15 @@ class EngineStats:
     max_num_batched_tokens: int
     timestamp: float  # time.time()
     block_owners: dict[str, list[int]]  # request id -> its KV blocks
+    # speculative decoding (vLLM's spec_decode counters); method None and zeros when it is off
+    speculative_method: str | None = None
+    num_speculative_tokens: int = 0
+    spec_decode_num_drafts_total: int = 0
+    spec_decode_num_draft_tokens_total: int = 0
+    spec_decode_num_accepted_tokens_total: int = 0
+    spec_decode_num_accepted_tokens_per_pos_total: list[int] = field(default_factory=list)
+    spec_decode_acceptance_rate: float = 0.0  # accepted / draft tokens
+    spec_decode_mean_acceptance_length: float = 0.0  # tokens gained per verification, bonus included
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,4 +142,21 @@ def engine_stats(engine: StatsSource) -> EngineStats:
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         timestamp=time.time(),
         block_owners=owners,
+        **spec_decode_fields(engine.speculator),
     )
+
+
+def spec_decode_fields(speculator: Speculator | None) -> dict[str, Any]:
+    if speculator is None:
+        return {}
+    spec = speculator.stats
+    return {
+        "speculative_method": speculator.config.method,
+        "num_speculative_tokens": speculator.config.num_speculative_tokens,
+        "spec_decode_num_drafts_total": spec.num_drafts,
+        "spec_decode_num_draft_tokens_total": spec.num_draft_tokens,
+        "spec_decode_num_accepted_tokens_total": spec.num_accepted_tokens,
+        "spec_decode_num_accepted_tokens_per_pos_total": list(spec.num_accepted_tokens_per_pos),
+        "spec_decode_acceptance_rate": spec.acceptance_rate,
+        "spec_decode_mean_acceptance_length": spec.mean_acceptance_length,
+    }

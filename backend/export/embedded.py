@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from backend.engine.config import EngineConfig
 from backend.export.base import Token
-from backend.export.engine import EngineInfo, Exporter, Unsupported, map_kv, map_quant, refuse_speculative
+from backend.export.engine import (
+    EngineInfo,
+    Exporter,
+    Unsupported,
+    map_kv,
+    map_quant,
+    refuse_speculative,
+    speculative_config,
+)
 from backend.export.plan import ExportPlan
 from backend.export.tool_calling import tool_calling_flags
 
@@ -34,7 +42,7 @@ class EmbeddedExporter(Exporter):
             "It loads safetensors or GGUF files; use vLLM for AWQ, GPTQ or FP8 checkpoints.",
         )
         map_kv(plan, INFO, KV)  # the engine's kv_cache_dtype, vLLM's names
-        refuse_speculative(plan, INFO)
+        refuse_speculative(plan, INFO, allowed=("ngram", "draft_model"))
         if plan.gpus_per_replica > 1 or plan.dp > 1:
             raise Unsupported(
                 "the embedded engine runs on one device; set tp=pp=dp=1 and num_gpus=1, or use vLLM"
@@ -61,6 +69,7 @@ class EmbeddedExporter(Exporter):
             enable_prefix_caching=plan.req.enable_prefix_caching,
             trust_remote_code=plan.options.trust_remote_code,
             kv_cache_dtype=map_kv(plan, INFO, KV) or "auto",
+            speculative_config=speculative_config(plan),  # vLLM's JSON, taken as it is
         )
 
     def command(self, plan: ExportPlan, host: str, port: int) -> list[Token]:

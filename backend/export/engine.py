@@ -118,6 +118,19 @@ def map_kv(plan: ExportPlan, engine: EngineInfo, table: Mapping[str, str | None]
     return table[dtype]
 
 
+def speculative_config(plan: ExportPlan) -> dict | None:
+    """vLLM's speculative_config for the plan, which the embedded engine takes as it is."""
+    opts = plan.options
+    if opts.speculative_method is None:
+        return None
+    config: dict = {"method": opts.speculative_method, "num_speculative_tokens": opts.num_speculative_tokens}
+    if opts.speculative_method == "ngram":
+        config["prompt_lookup_max"] = 4
+    else:
+        config["model"] = opts.speculative_model
+    return config
+
+
 def refuse_speculative(plan: ExportPlan, engine: EngineInfo, allowed: tuple[str, ...] = ()) -> None:
     method = plan.options.speculative_method
     if method is not None and method not in allowed:

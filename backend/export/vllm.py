@@ -11,7 +11,15 @@ from __future__ import annotations
 import json
 
 from backend.export.base import Token
-from backend.export.engine import EngineInfo, Exporter, Unsupported, map_kv, map_quant, need_checkpoint
+from backend.export.engine import (
+    EngineInfo,
+    Exporter,
+    Unsupported,
+    map_kv,
+    map_quant,
+    need_checkpoint,
+    speculative_config,
+)
 from backend.export.plan import ExportPlan
 from backend.export.tool_calling import tool_calling_flags
 
@@ -47,18 +55,6 @@ KV = {
 }
 DEFAULT_BLOCK_SIZE = 16  # the planner's default: left to vLLM, which picks per attention backend
 SERVER_ONLY = ("data_parallel_size", "distributed_executor_backend")  # `vllm serve` options LLM() refuses
-
-
-def speculative_config(plan: ExportPlan) -> dict | None:
-    opts = plan.options
-    if opts.speculative_method is None:
-        return None
-    config: dict = {"method": opts.speculative_method, "num_speculative_tokens": opts.num_speculative_tokens}
-    if opts.speculative_method == "ngram":
-        config["prompt_lookup_max"] = 4
-    else:
-        config["model"] = opts.speculative_model
-    return config
 
 
 class VLLMExporter(Exporter):

@@ -114,6 +114,14 @@ COUNTERS = {
 
 
 PREFIX_CACHE_COUNTERS = ("prefix_cache_queries_total", "prefix_cache_hits_total")
+SPEC_DECODE_COUNTERS = {  # only while speculative decoding is on, as in vLLM (v1/spec_decode/metrics.py)
+    "spec_decode_num_drafts_total": ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+    "spec_decode_num_draft_tokens_total": ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+    "spec_decode_num_accepted_tokens_total": (
+        "vllm:spec_decode_num_accepted_tokens",
+        "Number of accepted tokens.",
+    ),
+}
 
 
 class EngineCollector:
@@ -151,6 +159,8 @@ class EngineCollector:
             counter = CounterMetricFamily(metric, doc, labels=["model_name"])
             counter.add_metric([name], float(values[key]))
             yield counter
+        if stats.speculative_method is not None:
+            yield from spec_decode_metrics(values, name)
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
@@ -158,6 +168,21 @@ class EngineCollector:
         )
         info.add_metric([str(stats.block_size), str(stats.num_kv_blocks_total), name], 1.0)
         yield info
+
+
+def spec_decode_metrics(values: dict, name: str) -> Iterator[Metric]:
+    for key, (metric, doc) in SPEC_DECODE_COUNTERS.items():
+        counter = CounterMetricFamily(metric, doc, labels=["model_name"])
+        counter.add_metric([name], float(values[key]))
+        yield counter
+    per_pos = CounterMetricFamily(
+        "vllm:spec_decode_num_accepted_tokens_per_pos",
+        "Accepted tokens per draft position.",
+        labels=["model_name", "position"],
+    )
+    for position, count in enumerate(values["spec_decode_num_accepted_tokens_per_pos_total"]):
+        per_pos.add_metric([name, str(position)], float(count))
+    yield per_pos
 
 
 class ServerMetrics:
