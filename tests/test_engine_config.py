@@ -4,8 +4,8 @@ keyword arguments, the UI's Launch form and the embedded exporter, and each of t
 from __future__ import annotations
 
 import argparse
-import json
 import ast
+import json
 import subprocess
 import sys
 from dataclasses import fields
@@ -136,9 +136,7 @@ def test_reading_the_config_and_the_server_cli_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
-@pytest.mark.parametrize(
-    ("method", "model"), [("ngram", None), ("draft_model", "/models/draft.gguf")]
-)
+@pytest.mark.parametrize(("method", "model"), [("ngram", None), ("draft_model", "/models/draft.gguf")])
 def test_embedded_export_writes_vllms_speculative_config_and_the_server_reads_it(method, model):
     """The exporter's speculative settings for the embedded engine are vLLM's JSON, read back as is."""
     from backend.export.engine import speculative_config

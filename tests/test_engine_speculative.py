@@ -150,7 +150,9 @@ def test_sampling_distribution_is_the_targets():
     samples = {}
     for side, spec in enumerate((None, draft(arch))):
         seeds = range(side * num_samples, (side + 1) * num_samples)
-        params = [SamplingParams(temperature=1.0, top_k=4, max_tokens=4, ignore_eos=True, seed=s) for s in seeds]
+        params = [
+            SamplingParams(temperature=1.0, top_k=4, max_tokens=4, ignore_eos=True, seed=s) for s in seeds
+        ]
         llm = make_llm(arch, spec, max_num_seqs=300, num_kv_blocks=1200)
         samples[side] = token_ids(llm.generate([prompt] * num_samples, params))
         assert_engine_clean(llm)
@@ -209,9 +211,15 @@ def test_ngram_lookup_takes_the_longest_earliest_match():
         ('{"method": "ngram"}', "needs num_speculative_tokens"),
         ('{"method": "ngram", "num_speculative_tokens": 0}', r"must be an integer in \[1, 16\]"),
         ('{"method": "draft_model", "num_speculative_tokens": 2}', 'needs "model"'),
-        ('{"method": "ngram", "num_speculative_tokens": 2, "lookahead": 1}', "unknown speculative_config key"),
-        ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}',
-         "prompt_lookup_min <= prompt_lookup_max"),
+        (
+            '{"method": "ngram", "num_speculative_tokens": 2, "lookahead": 1}',
+            "unknown speculative_config key",
+        ),
+        (
+            '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, '
+            '"prompt_lookup_max": 2}',
+            "prompt_lookup_min <= prompt_lookup_max",
+        ),
         ("ngram", "not valid JSON"),
     ],
 )

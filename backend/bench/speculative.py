@@ -101,7 +101,9 @@ def interleaved(engines: dict, measure, rounds: int) -> dict[str, float]:
 def compare(engines: dict, label: str, measure, rounds: int) -> dict[str, float]:
     before = spec_counts(engines["ngram"])
     medians = interleaved(engines, measure, rounds)
-    drafts, draft_tokens, accepted = (a - b for a, b in zip(spec_counts(engines["ngram"]), before, strict=True))
+    drafts, draft_tokens, accepted = (
+        a - b for a, b in zip(spec_counts(engines["ngram"]), before, strict=True)
+    )
     row = {
         "plain_tok_s": medians["plain"],
         "ngram_tok_s": medians["ngram"],
@@ -155,8 +157,14 @@ def main(args: argparse.Namespace) -> int:
 
 def random_workload(engines: dict, args: argparse.Namespace) -> None:
     """(b): the offline benchmark's random prompts, all at once (64 running: no drafts until the tail)."""
-    work_args = argparse.Namespace(seed=args.seed, num_prompts=args.random_prompts, min_prompt_len=20,
-                                   max_prompt_len=600, min_tokens=16, max_tokens=args.random_max_tokens)  # fmt: skip
+    work_args = argparse.Namespace(
+        seed=args.seed,
+        num_prompts=args.random_prompts,
+        min_prompt_len=20,
+        max_prompt_len=600,
+        min_tokens=16,
+        max_tokens=args.random_max_tokens,
+    )
     work = offline.make_workload(engines["plain"].tokenizer, work_args)
     print(f"\n(b) random workload: {len(work.prompts)} prompts at once, {work.output_tokens} output tokens, "
           f"ignore_eos; medians of {args.rounds} interleaved rounds")  # fmt: skip

@@ -6,6 +6,8 @@ from a checkout of this project with its requirements installed.
 
 from __future__ import annotations
 
+import json
+
 from backend.engine.config import EngineConfig
 from backend.export.base import Token
 from backend.export.engine import (
@@ -69,7 +71,7 @@ class EmbeddedExporter(Exporter):
             enable_prefix_caching=plan.req.enable_prefix_caching,
             trust_remote_code=plan.options.trust_remote_code,
             kv_cache_dtype=map_kv(plan, INFO, KV) or "auto",
-            speculative_config=speculative_config(plan),  # vLLM's JSON, taken as it is
+            speculative_config=json.dumps(spec) if (spec := speculative_config(plan)) else None,
         )
 
     def command(self, plan: ExportPlan, host: str, port: int) -> list[Token]:

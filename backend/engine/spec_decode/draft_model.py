@@ -11,7 +11,7 @@ simply gets fewer drafts; the target's output never depends on it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from backend.engine.block_manager import BlockManager
 from backend.engine.loader import load_model, rope_tables
@@ -36,8 +36,15 @@ class DraftState:
     num_synced: int = 0  # the target's token count at the last sync: tokens before it agree
 
 
+def as_sequence(state: DraftState) -> Sequence:
+    """The runner and the block manager read only these fields of a Sequence, which DraftState has."""
+    return cast(Sequence, state)
+
+
 class DraftModelProposer:
-    def __init__(self, runner: ModelRunner, block_manager: BlockManager, vocab_size: int, max_len: int) -> None:
+    def __init__(
+        self, runner: ModelRunner, block_manager: BlockManager, vocab_size: int, max_len: int
+    ) -> None:
         self.runner = runner
         self.block_manager = block_manager
         self.vocab_size = vocab_size  # the target's logits width: wider draft logits are cut to it
@@ -58,7 +65,10 @@ class DraftModelProposer:
         limit = getattr(loaded.hf_config, "max_position_embeddings", None) or engine.max_model_len
         max_len = min(limit, engine.max_model_len)
         cos, sin = rope_tables(loaded.hf_config, model.args.head_dim, max_len)
-        model.rope_cos, model.rope_sin = cos.to(engine.device, engine.dtype), sin.to(engine.device, engine.dtype)
+        model.rope_cos, model.rope_sin = (
+            cos.to(engine.device, engine.dtype),
+            sin.to(engine.device, engine.dtype),
+        )
         runner = ModelRunner(model, num_blocks, cfg.block_size)
         block_manager = BlockManager(num_blocks, cfg.block_size, enable_prefix_caching=False)
         return cls(runner, block_manager, engine.runner.model.args.vocab_size, max_len)
@@ -73,15 +83,16 @@ class DraftModelProposer:
             for i, state in enumerate(states):
                 num_new = len(state.token_ids) - state.num_computed_tokens
                 if len(drafts[i]) < caps[i] and self._reserve(state, num_new):
-                    scheduled.append(ScheduledSeq(state, num_new))  # type: ignore[arg-type]
+                    scheduled.append(ScheduledSeq(as_sequence(state), num_new))
             if not scheduled:
                 break
             sampling, logits = self.runner.execute(scheduled)
-            for item, token_id in zip(sampling, logits[:, : self.vocab_size].argmax(-1).tolist(), strict=True):
-                state = item.seq
-                state.num_computed_tokens += item.num_new_tokens
-                state.token_ids.append(token_id)
-                drafts[index[id(state)]].append(token_id)
+            for item, token_id in zip(
+                sampling, logits[:, : self.vocab_size].argmax(-1).tolist(), strict=True
+            ):
+                item.seq.num_computed_tokens += item.num_new_tokens
+                item.seq.token_ids.append(token_id)
+                drafts[index[id(item.seq)]].append(token_id)
         return drafts
 
     def _sync(self, seq: Sequence) -> DraftState:
@@ -93,20 +104,20 @@ class DraftModelProposer:
         state.num_computed_tokens = min(state.num_computed_tokens, common)
         state.token_ids = list(seq.token_ids)
         state.num_synced = len(seq.token_ids)
-        self.block_manager.trim(state)  # type: ignore[arg-type]
+        self.block_manager.trim(as_sequence(state))
         return state
 
     def _reserve(self, state: DraftState, num_new: int) -> bool:
-        needed = self.block_manager.blocks_needed(state, num_new)  # type: ignore[arg-type]
+        needed = self.block_manager.blocks_needed(as_sequence(state), num_new)
         if not self.block_manager.can_allocate(needed):
             return False
-        self.block_manager.allocate(state, needed)  # type: ignore[arg-type]
+        self.block_manager.allocate(as_sequence(state), needed)
         return True
 
     def free(self, seq: Sequence) -> None:
         state = self.states.pop(seq, None)
         if state is not None:
-            self.block_manager.free(state)  # type: ignore[arg-type]
+            self.block_manager.free(as_sequence(state))
 
     @property
     def num_used_blocks(self) -> int:

@@ -1,4 +1,4 @@
-"""SpecDecodingStats: what speculation did, counted like vLLM's spec_decode metrics (v1/spec_decode/metrics.py).
+"""SpecDecodingStats: what speculation did, counted like vLLM's (vllm/v1/spec_decode/metrics.py).
 
 num_drafts counts verifications (one per sequence per step that carried drafts), num_draft_tokens the
 tokens proposed in them, num_accepted_tokens those the target kept, and num_accepted_tokens_per_pos[i]

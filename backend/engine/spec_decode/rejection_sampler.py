@@ -39,7 +39,7 @@ class RejectionSampler:
             num_accepted = 0
             while num_accepted < len(draft_ids) and draft_ids[num_accepted] == target[num_accepted]:
                 num_accepted += 1
-            return draft_ids[:num_accepted] + [target[num_accepted]]
+            return [*draft_ids[:num_accepted], target[num_accepted]]
         generator = seq.generator or self.generator
         prompt, output = seq.token_ids[: seq.num_prompt_tokens], seq.output_token_ids
         for i in range(len(draft_ids) + 1):
@@ -53,11 +53,11 @@ class RejectionSampler:
                 probs = filter_logits(row / params.temperature, params.top_k, params.top_p, params.min_p)
                 probs = probs.softmax(-1)
             if i == len(draft_ids):
-                return draft_ids + [race(probs, generator)]  # every draft accepted: the bonus token
+                return [*draft_ids, race(probs, generator)]  # every draft accepted: the bonus token
             draft = draft_ids[i]
             accept = float(probs[draft])
             if accept >= 1.0 or float(torch.rand((), generator=generator)) < accept:
                 continue
             probs[draft] = 0.0  # norm(max(0, p - q)) with q a point mass on the draft
-            return draft_ids[:i] + [race(probs, generator)]
+            return [*draft_ids[:i], race(probs, generator)]
         raise AssertionError("unreachable: the loop returns at the bonus row")
