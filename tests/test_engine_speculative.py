@@ -167,8 +167,9 @@ def test_sampling_distribution_is_the_targets():
 
 
 def test_a_request_with_a_grammar_does_not_speculate():
-    """Structured outputs: such a sequence decodes one masked token per step, beside others that speculate."""
-    llm = make_llm("llama", NGRAM)
+    """Structured outputs: such a sequence decodes one masked token per step, beside others that speculate
+    (the target drafting for itself, so the other request always has drafts)."""
+    llm = make_llm("llama", draft("llama"))
     regex = StructuredOutputsParams(regex=r"(ab){1,20}")
     constrained = SamplingParams(temperature=0.0, max_tokens=16, structured_outputs=regex)
     plain = LLM(tiny_model("llama")[0], dtype="float32", device="cpu")
