@@ -116,13 +116,44 @@ def test_v0_budgets_and_the_pre_ampere_fallback():
 
 def test_sampler_dominates_the_profile_with_large_vocabularies_and_many_sequences():
     """vLLM profiles max(forward pass, sampler): gpt-oss-120b's 201k vocabulary x 1024 default sequences on an
-    H100 is ~7.3 GiB, which is why it does not start on one H100 at its full 128K context (vllm#23278)."""
-    req = PlanRequest(model="openai/gpt-oss-120b", gpu="H100-80GB", gpu_memory_utilization=0.9)
+    H100 is ~7.3 GiB with the sort-based sampler of vLLM <= 0.16, which is why it does not start on one H100
+    at its full 128K context (vllm#23278, 0.10.1)."""
+    req = PlanRequest(
+        model="openai/gpt-oss-120b", gpu="H100-80GB", gpu_memory_utilization=0.9, vllm_version="0.10.1"
+    )
     est = estimate(req)
     assert est.activation_bytes == pytest.approx(1024 * 201088 * 38, rel=0.001)
-    assert not est.fits
+    assert not est.fits and "exceed the" in est.fit_reason
     few = estimate(replace(req, max_num_seqs=64, max_model_len=32768))
     assert few.activation_bytes < est.activation_bytes / 5 and few.fits
+
+
+def test_the_triton_sampler_of_0_17_shrinks_the_profiled_peak():
+    """From 0.17 the top-k/top-p kernels mask in place (vllm#33538): vLLM 0.19 logs 1.89 GiB for Llama-3.1-8B
+    with 1024 sequences on an H100 (llm-d-planner's sweep), 2.5x less than the sort path's 38 bytes per logit.
+    gpt-oss-120b then passes the fixed costs but its KV cache still cannot hold one 128K sequence."""
+    req = PlanRequest(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100-80GB", max_model_len=8192)
+    old, new = (estimate(replace(req, vllm_version=v)) for v in ("0.16.0", "0.17.0"))
+    assert old.activation_bytes == pytest.approx(1024 * 128256 * 38, rel=0.001)
+    assert new.activation_bytes / GIB == pytest.approx(1.89, rel=0.02)
+    oss = estimate(PlanRequest(model="openai/gpt-oss-120b", gpu="H100-80GB", gpu_memory_utilization=0.9))
+    assert not oss.fits and "cannot hold one max_model_len=131072" in oss.fit_reason
+
+
+def test_non_torch_memory_follows_version_and_layout():
+    """vLLM 0.19 on H100s (llm-d-planner's sweep): 0.25 GiB at TP=1, ~2.1 GiB per GPU at TP>1 over NVLink,
+    0.07 GiB with pipeline parallelism alone; before 0.18 the smaller V0/V1 figures."""
+    from backend.planner.vllm_rules import non_torch_bytes
+
+    h100, l40s = get_gpu("H100-80GB"), get_gpu("L40S")
+    gib = [
+        non_torch_bytes((0, 19, 0), h100, 1, 1),
+        non_torch_bytes((0, 19, 0), h100, 2, 1),
+        non_torch_bytes((0, 19, 0), h100, 1, 2),
+        non_torch_bytes((0, 19, 0), l40s, 2, 1),
+        non_torch_bytes((0, 11, 0), h100, 1, 1),
+    ]
+    assert [round(b / GIB, 2) for b in gib] == [0.25, 2.1, 0.07, 0.25, 0.08]
 
 
 def test_cuda_graph_estimate_comes_out_of_the_budget_from_0_21():

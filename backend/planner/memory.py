@@ -132,16 +132,25 @@ def forward_activation_bytes(spec: ModelSpec, tokens: int, tp: int, act_bytes: i
     return int(tokens * per_token * act_bytes)
 
 
-def sampler_bytes(spec: ModelSpec, num_reqs: int, bytes_per_logit: int = SAMPLER_BYTES_PER_LOGIT) -> int:
+def sampler_bytes(
+    spec: ModelSpec, num_reqs: int, bytes_per_logit: float = SAMPLER_BYTES_PER_LOGIT
+) -> int:
     """The profile run's sampler over num_reqs requests; logits are gathered whole on every TP rank."""
-    return num_reqs * spec.vocab_size * bytes_per_logit
+    return int(num_reqs * spec.vocab_size * bytes_per_logit)
 
 
-def vllm_profile_peak(spec: ModelSpec, tokens: int, num_reqs: int, tp: int) -> int:
+def vllm_profile_peak(
+    spec: ModelSpec,
+    tokens: int,
+    num_reqs: int,
+    tp: int,
+    bytes_per_logit: float = SAMPLER_BYTES_PER_LOGIT,
+) -> int:
     """vLLM's "PyTorch activation peak": the forward pass and the sampler run one after the other, so the
     peak is the larger of the two (num_reqs=0 where no sampler runs in the profile: V0 with chunked
-    prefill logs 0.19-0.22 GiB, the forward pass alone, vllm#13061 and the OCI A10 log)."""
-    return max(forward_activation_bytes(spec, tokens, tp), sampler_bytes(spec, num_reqs))
+    prefill logs 0.19-0.22 GiB, the forward pass alone, vllm#13061 and the OCI A10 log). bytes_per_logit
+    depends on the vLLM version (vllm_rules.TRITON_SAMPLER_SINCE)."""
+    return max(forward_activation_bytes(spec, tokens, tp), sampler_bytes(spec, num_reqs, bytes_per_logit))
 
 
 def activation_bytes(spec: ModelSpec, tokens: int, tp: int, max_num_seqs: int) -> int:

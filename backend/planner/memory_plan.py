@@ -16,7 +16,7 @@ from backend.planner import memory
 from backend.planner.catalog import GIB, GPU, KVCacheDtype, Quantization
 from backend.planner.request import PlanRequest
 from backend.planner.specs import ModelSpec
-from backend.planner.vllm_rules import SchedulerLimits
+from backend.planner.vllm_rules import SchedulerLimits, non_torch_bytes
 
 # GGUF files whose block types the embedded engine keeps (backend/engine/quantization/gguf_blocks.py)
 EMBEDDED_AS_STORED = ("gguf-q4_0", "gguf-q4_1", "gguf-q8_0", "gguf-q4_k_s", "gguf-q4_k_m", "gguf-q6_k")
@@ -94,7 +94,11 @@ def _base_plan(req: PlanRequest, spec: ModelSpec, lay: Layout) -> MemoryPlan:
         ),
         max_sequence_bytes=memory.kv_bytes_per_sequence(spec, max_len, kv_bytes, tp, pp, bs),
         activation=0,
-        overhead=memory.non_torch_bytes(tp * pp),
+        overhead=(
+            non_torch_bytes(lay.limits.version, lay.gpu, tp, pp)
+            if req.engine == "vllm"
+            else memory.non_torch_bytes(tp * pp)
+        ),
         cuda_graphs=memory.cuda_graph_bytes(spec, pp) if req.engine in GRAPH_ENGINES and on_gpu else 0,
         kv_cache=0,
         max_model_len=max_len,
@@ -109,7 +113,9 @@ def _vllm(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> N
     tokens = limits.max_num_batched_tokens
     v0_chunked = not limits.is_v1 and limits.chunked_prefill
     num_reqs = 0 if v0_chunked else min(limits.max_num_seqs, tokens)
-    plan.activation = memory.vllm_profile_peak(spec, tokens, num_reqs, lay.tp)
+    plan.activation = memory.vllm_profile_peak(
+        spec, tokens, num_reqs, lay.tp, limits.sampler_bytes_per_logit
+    )
     budget = int(lay.gpu.usable_bytes * req.gpu_memory_utilization) - plan.weights
     budget -= plan.overhead + (plan.cuda_graphs if limits.subtracts_cuda_graphs else 0)
     per_block = plan.kv_bytes_per_token * req.block_size

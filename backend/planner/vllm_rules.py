@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, replace
 
 from backend.errors import UserError
+from backend.planner import memory
 from backend.planner.catalog import GIB, GPU, get_gpu
 from backend.planner.request import PlanRequest
 
@@ -40,6 +41,22 @@ CUDA_GRAPH_ESTIMATE_SINCE = (0, 21, 0)
 # supported by the V1 Engine. Falling back to V0."; the V0 engine was removed in 0.11.
 V0_FALLBACK_UNTIL = (0, 11, 0)
 PRE_AMPERE_GPUS = ("T4", "V100-32GB")
+# vllm/v1/sample/ops/topk_topp_sampler.py: up to 0.16 the profile's dummy sampler run (top_k = vocab - 1,
+# top_p < 1) takes PyTorch's sort path, ~38 live bytes per logit (memory.SAMPLER_BYTES_PER_LOGIT). From 0.17
+# the Triton top-k/top-p kernels (vllm#33538) mask the logits in place: the logged peak fell 60% from 0.16
+# to 0.17 (Qwen3-14B on an H100, 1024 sequences: 5.64 -> 2.23 GiB, llm-d-planner's version sweep) and
+# vLLM 0.19 logs 15.2-15.9 bytes per logit where the sampler dominates (Llama-3.1-8B 1.89 GiB, Qwen2.5-7B
+# 2.21 GiB, phi-4 1.52 GiB, gemma-2-9b 3.65 GiB: llm-d-planner accuracy/results/v0.19.0/results_raw.csv).
+TRITON_SAMPLER_SINCE = (0, 17, 0)
+TRITON_SAMPLER_BYTES_PER_LOGIT = 15.5
+# Non-torch memory ("non-torch forward increase memory") from 0.18, same sources: 0.25 GiB at TP=1 (0.13
+# up to 0.17), 0.07 GiB with pipeline parallelism alone, and at TP>1 on NVLink GPUs about 2.1 GiB per GPU
+# (H100, vLLM 0.19: 2.06-2.11 GiB at TP=2, 2.13-2.21 GiB at TP=4; 0.54 GiB at TP=2 in 0.11). PCIe GPUs at
+# TP>1 keep the earlier figure (no log of vLLM >= 0.18 with TP>1 on PCIe collected).
+NON_TORCH_RAISED_SINCE = (0, 18, 0)
+NON_TORCH_TP1_BYTES = int(0.25 * GIB)
+NON_TORCH_PP_ONLY_BYTES = int(0.07 * GIB)
+NON_TORCH_TP_NVLINK_BYTES = int(2.1 * GIB)
 # Engines other than vLLM: the planner's fixed defaults (their own flags: SGLang --max-running-requests,
 # TGI --max-concurrent-requests, ...).
 OTHER_MAX_NUM_SEQS, OTHER_BATCHED_TOKENS = 256, 8192
@@ -55,6 +72,7 @@ class SchedulerLimits:
     max_num_batched_tokens: int
     chunked_prefill: bool
     subtracts_cuda_graphs: bool  # the CUDA-graph estimate comes out of the KV budget
+    sampler_bytes_per_logit: float = memory.SAMPLER_BYTES_PER_LOGIT  # the profile's dummy sampler run
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
@@ -88,7 +106,10 @@ def scheduler_limits(
         tokens = V0_CHUNKED_BATCHED_TOKENS if chunked else max(max_model_len, V0_CHUNKED_BATCHED_TOKENS)
         return SchedulerLimits(version, False, V0_MAX_NUM_SEQS, tokens, chunked, False)
     seqs, tokens = _v1_defaults(version, context, gpu)
-    return SchedulerLimits(version, True, seqs, tokens, True, version >= CUDA_GRAPH_ESTIMATE_SINCE)
+    sampler = (
+        TRITON_SAMPLER_BYTES_PER_LOGIT if version >= TRITON_SAMPLER_SINCE else memory.SAMPLER_BYTES_PER_LOGIT
+    )
+    return SchedulerLimits(version, True, seqs, tokens, True, version >= CUDA_GRAPH_ESTIMATE_SINCE, sampler)
 
 
 def resolve_limits(req: PlanRequest, gpu: GPU, max_model_len: int) -> SchedulerLimits:
@@ -99,7 +120,16 @@ def resolve_limits(req: PlanRequest, gpu: GPU, max_model_len: int) -> SchedulerL
     chunked = limits.chunked_prefill
     if not limits.is_v1 and req.max_num_batched_tokens and req.max_num_batched_tokens < max_model_len:
         chunked = True  # V0 only accepts a budget below max_model_len with chunked prefill
-    return SchedulerLimits(limits.version, limits.is_v1, seqs, tokens, chunked, limits.subtracts_cuda_graphs)
+    return replace(limits, max_num_seqs=seqs, max_num_batched_tokens=tokens, chunked_prefill=chunked)
+
+
+def non_torch_bytes(version: tuple[int, int, int], gpu: GPU, tp: int, pp: int) -> int:
+    """vLLM's non-torch memory per GPU for this version and layout (the constants above)."""
+    if version < NON_TORCH_RAISED_SINCE:
+        return memory.non_torch_bytes(tp * pp)
+    if tp > 1:
+        return NON_TORCH_TP_NVLINK_BYTES if "NVLink" in gpu.interconnect else memory.NON_TORCH_MULTI_GPU_BYTES
+    return NON_TORCH_PP_ONLY_BYTES if pp > 1 else NON_TORCH_TP1_BYTES
 
 
 def with_scheduler_defaults(req: PlanRequest, max_model_len: int | None = None) -> PlanRequest:
