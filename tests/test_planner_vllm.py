@@ -43,6 +43,9 @@ def test_the_log_collection_is_varied_and_sourced():
         "fp16",
     }
     assert any(not r.logged["starts"] for r in counted) and any(r.logged["starts"] for r in counted)
+    fp8_kv = [r for r in counted if r.settings.get("kv_cache_dtype") == "fp8"]
+    assert len(fp8_kv) >= 2 and all(r.logged.get("kv_tokens") for r in fp8_kv)
+    assert {r.vllm_version for r in counted} >= {"0.15.0", "0.16.0", "0.17.0", "0.18.0", "0.19.0"}
 
 
 @pytest.mark.parametrize("run", [r for r in RUNS if not r.excluded], ids=lambda r: r.id)
@@ -160,6 +163,9 @@ def test_cuda_graph_estimate_comes_out_of_the_budget_from_0_21():
     req = PlanRequest(model="meta-llama/Llama-3.1-8B-Instruct", max_model_len=8192, max_num_seqs=256)
     new, old = estimate(req), estimate(replace(req, vllm_version="0.20.1"))
     assert old.kv_cache_bytes - new.kv_cache_bytes == pytest.approx(new.cuda_graph_bytes, abs=16 * 131072)
+    # vLLM 0.21.0's own estimate for Qwen3-8B with 256 sequences (LMCache/LMCache#3430): 0.52 GiB
+    qwen = estimate(PlanRequest(model="Qwen/Qwen3-8B", max_model_len=16384, max_num_seqs=256))
+    assert qwen.cuda_graph_bytes / GIB == pytest.approx(0.52, abs=0.05)
 
 
 def test_default_quantization_is_as_stored_and_mxfp4_repacks_without_fp4_units():
@@ -211,3 +217,13 @@ def test_pipeline_stages_split_layers_like_vllm_and_only_the_last_one_samples():
     # the sampler's share is charged once, to the last stage: without PP's split it would cost ~0.9 GiB
     budget = get_gpu("L4").usable_bytes * 0.9 - est.weights_bytes - est.overhead_bytes
     assert est.kv_cache_bytes > budget - est.activation_bytes
+
+
+def test_fp8_kv_cache_runs_match_the_logged_token_counts():
+    """--kv-cache-dtype fp8 keeps the KV budget and halves the bytes per token: vLLM 0.19 logs 952,032 tokens
+    for Llama-3.1-8B and 2,192,000 for Qwen2.5-7B on an H100 (llm-d-planner's sweep), twice the auto runs."""
+    for run in (r for r in RUNS if r.settings.get("kv_cache_dtype") == "fp8"):
+        est = estimate(run.request())
+        assert est.kv_cache_tokens == pytest.approx(run.logged["kv_tokens"], rel=0.01), run.id
+        auto = estimate(replace(run.request(), kv_cache_dtype="auto"))
+        assert est.kv_cache_tokens == pytest.approx(2 * auto.kv_cache_tokens, rel=0.001)

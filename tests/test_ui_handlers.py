@@ -119,9 +119,10 @@ def test_plan_rejects_bad_input(field, value, words):
 def test_plan_of_llama_8b_on_h100():
     badge, kpis, memory, compare, recommendation, message, plan = plan_tab.estimate_plan(*PLAN_FORM.values())
     assert "Fits" in badge and message == ""
-    # KV capacity, vLLM 0.33 accounting: 0.92 x 79.22 GiB - 14.96 weights - 4.65 sampler peak (1024 default
-    # sequences x 128256 logits x 38 bytes) - 0.08 non-torch - 0.48 CUDA-graph estimate = 52.7 GiB at 128 KiB
-    assert "431,888 tokens" in kpis
+    # KV capacity, vLLM 0.33 accounting: 0.92 x 79.22 GiB - 14.96 weights - 1.90 sampler peak (1024 default
+    # sequences x 128256 logits x 15.5 bytes, the Triton sampler of 0.17+) - 0.25 non-torch - 0.48 CUDA-graph
+    # estimate = 55.3 GiB at 128 KiB per token
+    assert "453,040 tokens" in kpis
     assert isinstance(memory, go.Figure) and memory.layout.xaxis.title.text == "GiB per GPU"
     assert {t.name for t in memory.data} >= {"Weights", "KV cache", "Activations"}
     assert "tok/s" in compare.layout.xaxis.title.text and "$" in compare.layout.yaxis.title.text

@@ -30,8 +30,11 @@ SAMPLER_BYTES_PER_LOGIT = 38
 LOGIT_BYTES_OTHER = 8
 # CUDA graphs (vLLM captures decode batch sizes up to 512): a fixed part plus a share per layer. Logged:
 # "Graph capturing finished ... took 1.22 GiB" (Llama-3-70B AWQ, 80 layers, TP=2, vLLM 0.16), 0.80 GiB
-# (28 layers, V0, V100), 0.18 GiB (28 layers, V0, L4-class); "Estimated CUDA graph memory: 0.84 GiB"
-# (Llama-3.1-8B, 32 layers, 0.19). The formula gives 1.04 / 0.43 / 0.43 / 0.48 GiB: a rough term.
+# (28 layers, V0, V100), 0.18 GiB (28 layers, V0, L4-class). vLLM >= 0.21 subtracts its own estimate:
+# "Estimated CUDA graph memory: 0.52 GiB" for Qwen3-8B (36 layers, 51 piecewise + 35 full graphs, vLLM
+# 0.21.0, LMCache/LMCache#3430). vLLM 0.19 on H100s with 1024 sequences (51 + 51 graphs) estimates more:
+# 0.61-0.84 GiB for 28-36 layers, 1.6-1.9 GiB for 80 (llm-d-planner results_raw.csv). The formula gives
+# 1.04 / 0.43 / 0.43 / 0.52 / 0.43-0.52 / 1.04 GiB: a rough term.
 CUDA_GRAPH_BASE_BYTES = int(0.1 * GIB)
 CUDA_GRAPH_PER_LAYER_BYTES = 12 * 1024**2
 # The embedded engine (backend/engine/device.py): KV pool = min(20% of available RAM, 2 GiB) on CPU,
@@ -132,9 +135,7 @@ def forward_activation_bytes(spec: ModelSpec, tokens: int, tp: int, act_bytes: i
     return int(tokens * per_token * act_bytes)
 
 
-def sampler_bytes(
-    spec: ModelSpec, num_reqs: int, bytes_per_logit: float = SAMPLER_BYTES_PER_LOGIT
-) -> int:
+def sampler_bytes(spec: ModelSpec, num_reqs: int, bytes_per_logit: float = SAMPLER_BYTES_PER_LOGIT) -> int:
     """The profile run's sampler over num_reqs requests; logits are gathered whole on every TP rank."""
     return int(num_reqs * spec.vocab_size * bytes_per_logit)
 

@@ -113,9 +113,7 @@ def _vllm(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> N
     tokens = limits.max_num_batched_tokens
     v0_chunked = not limits.is_v1 and limits.chunked_prefill
     num_reqs = 0 if v0_chunked else min(limits.max_num_seqs, tokens)
-    plan.activation = memory.vllm_profile_peak(
-        spec, tokens, num_reqs, lay.tp, limits.sampler_bytes_per_logit
-    )
+    plan.activation = memory.vllm_profile_peak(spec, tokens, num_reqs, lay.tp, limits.sampler_bytes_per_logit)
     budget = int(lay.gpu.usable_bytes * req.gpu_memory_utilization) - plan.weights
     budget -= plan.overhead + (plan.cuda_graphs if limits.subtracts_cuda_graphs else 0)
     per_block = plan.kv_bytes_per_token * req.block_size
