@@ -11,6 +11,7 @@ import pytest
 
 from backend.engine import SamplingParams
 from backend.engine.config import EngineConfig
+from backend.engine.load_phases import LoadPhases
 from backend.server.engine_holder import EngineHolder, build_engine
 from tests.engine_utils import tiny_model
 from tests.server_utils import wait_until
@@ -92,11 +93,11 @@ def test_the_launch_form_reports_a_failed_relaunch_beside_the_serving_engine(tin
 def test_the_old_engine_serves_while_the_new_one_loads_and_finishes_its_requests_after_the_swap(tiny):
     loading, release = threading.Event(), threading.Event()
 
-    def slow_factory(cfg: EngineConfig):
+    def slow_factory(cfg: EngineConfig, phases: LoadPhases):
         if cfg.max_num_seqs == 4:  # the relaunch: hold it in "loading" until the test says so
             loading.set()
             release.wait(60)
-        return build_engine(cfg)
+        return build_engine(cfg, phases)
 
     holder = EngineHolder(engine_factory=slow_factory, drain_timeout_s=60)
     holder.launch(config(tiny))
@@ -133,7 +134,7 @@ class DeadEngineStub:
 
 
 def test_a_held_engine_that_died_shows_as_failed_not_ready(tiny):
-    holder = EngineHolder(engine_factory=lambda cfg: DeadEngineStub())
+    holder = EngineHolder(engine_factory=lambda cfg, phases: DeadEngineStub())
     status = holder.launch(config(tiny))
     assert status.state == "failed" and "internal error" in status.error and status.serving is None
     assert "data-state='failed'" in launch_tab.status_html(holder)

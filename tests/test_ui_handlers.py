@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 import pytest
 
 from backend.engine.config import EngineConfig
+from backend.engine.load_phases import LoadPhases
 from backend.export.supervisor import ExternalServers
 from backend.server.engine_holder import EngineHolder, build_engine
 from tests.common_utils import free_port
@@ -26,18 +27,18 @@ PLAN_FORM = dict(
     model="meta-llama/Llama-3.1-8B-Instruct",
     gpu="H100-80GB",
     num_gpus=1,
-    tp=0,
+    tp=None,
     pp=1,
     quant="bf16",
     kv_dtype="auto",
-    max_len=0,
+    max_len=None,
     input_len=1024,
     output_len=256,
     concurrency=16,
     util=0.92,
     engine="vllm",
-    ttft=0,
-    tpot=0,
+    ttft=None,
+    tpot=None,
 )
 LAUNCH_FORM = {  # the Launch form as it is sent, every EngineConfig field but the model
     **launch_tab.form_defaults(),
@@ -55,8 +56,21 @@ LAUNCH_FORM = {  # the Launch form as it is sent, every EngineConfig field but t
         trust_remote_code=False,
     ),
 }
-CHAT_CONTROLS = dict(temperature=0.0, top_p=1.0, top_k=-1, max_tokens=8, seed=-1, stop="")
+CHAT_FORM = dict(  # the Chat form as it is sent, by field name
+    message="hello",
+    history=[],
+    system="",
+    temperature=0.0,
+    top_p=1.0,
+    top_k=-1,
+    max_tokens=8,
+    seed=None,
+    stop="",
+    use_schema=False,
+    schema="",
+)
 EXPORT_FORM = dict(
+    plan=None,
     engines=["vllm"],
     formats=["shell", "compose"],
     host="127.0.0.1",
@@ -112,12 +126,12 @@ def ctx(tiny):
     ],
 )
 def test_plan_rejects_bad_input(field, value, words):
-    outputs = plan_tab.estimate_plan(*{**PLAN_FORM, field: value}.values())
+    outputs = plan_tab.estimate_plan({**PLAN_FORM, field: value})
     assert is_error(outputs[5], *words), outputs[5]
 
 
 def test_plan_of_llama_8b_on_h100():
-    badge, kpis, memory, compare, recommendation, message, plan = plan_tab.estimate_plan(*PLAN_FORM.values())
+    badge, kpis, memory, compare, recommendation, message, plan = plan_tab.estimate_plan(PLAN_FORM)
     assert "Fits" in badge and message == ""
     # KV capacity, vLLM 0.33 accounting: 0.92 x 79.22 GiB - 14.96 weights - 1.90 sampler peak (1024 default
     # sequences x 128256 logits x 15.5 bytes, the Triton sampler of 0.17+) - 0.25 non-torch - 0.48 CUDA-graph
@@ -167,9 +181,9 @@ def test_failed_load_shows_the_error_and_relaunch_works(tiny):
 def test_second_launch_while_loading_is_refused_with_a_message_slow_factory(tiny):
     release = threading.Event()
 
-    def slow_factory(config: EngineConfig):
+    def slow_factory(config: EngineConfig, phases: LoadPhases):
         release.wait(30)
-        return build_engine(config)
+        return build_engine(config, phases)
 
     holder = EngineHolder(engine_factory=slow_factory)
     config = EngineConfig(model=tiny, dtype="float32", device="cpu", kv_cache_memory_bytes=8 << 20)
@@ -199,20 +213,20 @@ def test_second_launch_while_loading_is_refused_with_a_message_slow_factory(tiny
     ],
 )
 def test_chat_rejects_bad_sampling_values(ctx, field, value, words):
-    updates = drain(chat_tab.chat(ctx, "hello", [], "", *{**CHAT_CONTROLS, field: value}.values()))
+    updates = drain(chat_tab.chat(ctx, {**CHAT_FORM, field: value}))
     assert len(updates) == 1 and is_error(updates[0][3], *words), updates
 
 
 def test_chat_streams_a_reply_with_its_stats(ctx):
-    updates = drain(chat_tab.chat(ctx, "Hi there", [], "Be brief.", *CHAT_CONTROLS.values()))
-    final_chat, _, stats, message, _ = updates[-1]
+    updates = drain(chat_tab.chat(ctx, {**CHAT_FORM, "message": "Hi there", "system": "Be brief."}))
+    final_chat, _, stats, message = updates[-1]
     assert message == "" and final_chat[-1]["role"] == "assistant" and final_chat[-1]["content"]
     assert re.search(r"\d+ tokens", stats) and "TTFT" in stats and "tok/s" in stats
 
 
 def test_chat_with_no_engine_launches_the_default_model_first(ctx):
     fresh = AppContext(EngineHolder(), ctx.default_model, ctx.api_base)
-    updates = drain(chat_tab.chat(fresh, "Hi", [], "", *CHAT_CONTROLS.values()))
+    updates = drain(chat_tab.chat(fresh, CHAT_FORM))
     assert "starting the engine" in updates[0][0][-1]["content"]
     assert updates[-1][3] == "" and "TTFT" in updates[-1][2]
     assert fresh.holder.status().state == "ready" and fresh.holder.status().config.model == ctx.default_model
@@ -221,27 +235,32 @@ def test_chat_with_no_engine_launches_the_default_model_first(ctx):
 
 def test_chat_prompt_longer_than_the_model_limit_is_a_message(ctx):
     long_text = "word " * 2000  # the tiny model's max_model_len is 512
-    updates = drain(chat_tab.chat(ctx, long_text, [], "", *CHAT_CONTROLS.values()))
+    updates = drain(chat_tab.chat(ctx, {**CHAT_FORM, "message": long_text}))
     assert is_error(updates[-1][3], "512"), updates[-1][3]
     assert ctx.holder.stats().num_kv_blocks_used == 0
 
 
-def test_stop_button_aborts_a_long_reply_and_frees_its_blocks(ctx):
+def test_stop_cancels_a_long_reply_and_frees_its_blocks(ctx):
+    """Stop cancels the chat handler (`cancels=`), as Gradio does: the generator is closed mid-reply."""
+
     async def run() -> list:
         updates = []
-        async for update in chat_tab.chat(
-            ctx, "Tell a story", [], "", *{**CHAT_CONTROLS, "max_tokens": 400}.values()
-        ):
+        replies = chat_tab.chat(ctx, {**CHAT_FORM, "message": "Tell a story", "max_tokens": 400})
+        async for update in replies:
             updates.append(update)
-            if isinstance(update[4], str) and update[4] and len(updates) == 3:
-                assert chat_tab.stop_reply(ctx.holder, update[4]) == ""
+            if len(updates) == 4:
+                assert ctx.holder.stats().num_kv_blocks_used > 0  # the reply holds blocks while it runs
+                break
+        await replies.aclose()
+        for _ in range(100):  # the engine thread frees them on its next step
+            if ctx.holder.stats().num_kv_blocks_used == 0:
+                break
+            await asyncio.sleep(0.05)
         return updates
 
     updates = asyncio.run(run())
-    final_chat, _, stats, _, _ = updates[-1]
-    assert "finish: abort" in stats and len(updates) < 100  # stopped long before 400 tokens
-    assert "finish: abort" in final_chat[-1]["content"]  # the stats line sits under the reply itself
-    assert ctx.holder.stats().num_kv_blocks_used == 0
+    assert len(updates) == 4 and "TTFT" not in updates[-1][2]  # stopped long before 400 tokens
+    assert ctx.holder.stats().num_kv_blocks_used == 0 and ctx.holder.stats().num_requests_running == 0
 
 
 def test_history_sent_back_to_the_model_drops_the_stats_line():
@@ -249,10 +268,6 @@ def test_history_sent_back_to_the_model_drops_the_stats_line():
         {"role": "assistant", "content": [{"type": "text", "text": f"Paris.{chat_tab.STATS_MARK}TTFT</sub>"}]}
     ]
     assert chat_tab.message_text(shown[0]["content"]) == "Paris."
-
-
-def test_stop_without_a_reply_is_a_message(ctx):
-    assert is_error(chat_tab.stop_reply(ctx.holder, ""), "nothing to stop")
 
 
 @pytest.mark.parametrize(
@@ -274,6 +289,7 @@ def test_load_without_engine_and_with_one(ctx):
 # --- Benchmark, Monitor, Export ---------------------------------------------------------------------
 
 BENCH = dict(
+    plan=None,
     target="Another server (URL)",
     url="http://127.0.0.1:{port}/v1",
     model="m",
@@ -297,13 +313,13 @@ BENCH = dict(
 def test_benchmark_rejects_bad_input(ctx, field, value, words):
     form = {**BENCH, field: value}
     form["url"] = form["url"].format(port=free_port())
-    outputs = bench_tab.run(ctx, None, *form.values())
+    outputs = bench_tab.run(ctx, form)
     assert is_error(outputs[0], *words), outputs[0]
 
 
 def test_benchmark_of_embedded_engine_that_is_not_running(ctx):
     idle = AppContext(EngineHolder(), ctx.default_model, ctx.api_base)
-    outputs = bench_tab.run(idle, None, bench_tab.EMBEDDED, "", "", 4, 16, 8, 2)
+    outputs = bench_tab.run(idle, {**BENCH, "target": bench_tab.EMBEDDED, "model": ""})
     assert is_error(outputs[0], "not running"), outputs[0]
 
 
@@ -315,9 +331,8 @@ def test_benchmark_of_embedded_engine_that_is_not_running(ctx):
     ],
 )
 def test_monitor_rejects_bad_urls(url, words):
-    pollers = monitor_tab.Pollers()
-    _, message, samples = monitor_tab.start_monitor(pollers, "s", url.format(port=free_port()))
-    assert is_error(message, *words) and samples == [] and pollers.get("s") is None
+    _, message, samples, poller = monitor_tab.start_monitor(url.format(port=free_port()))
+    assert is_error(message, *words) and samples == [] and poller is None
 
 
 @pytest.mark.parametrize(
@@ -332,14 +347,14 @@ def test_monitor_rejects_bad_urls(url, words):
     ],
 )
 def test_export_rejects_bad_input(plan, field, value, words):
-    current = plan_tab.estimate_plan(*PLAN_FORM.values())[6] if plan else None
-    outputs = export_tab.export_plan(current, *{**EXPORT_FORM, field: value}.values())
+    current = plan_tab.estimate_plan(PLAN_FORM)[6] if plan else None
+    outputs = export_tab.export_plan({**EXPORT_FORM, "plan": current, field: value})
     assert is_error(outputs[4], *words), outputs[4]
 
 
 def test_export_previews_the_launch_command_and_zips_everything():
-    plan = plan_tab.estimate_plan(*PLAN_FORM.values())[6]
-    _, picker, preview, archive, message = export_tab.export_plan(plan, *EXPORT_FORM.values())
+    plan = plan_tab.estimate_plan(PLAN_FORM)[6]
+    _, picker, preview, archive, message = export_tab.export_plan({**EXPORT_FORM, "plan": plan})
     assert "msg-ok" in message and picker["value"] == "vllm/launch.sh"
     assert (
         "vllm serve meta-llama/Llama-3.1-8B-Instruct" in preview["value"] and preview["language"] == "shell"
@@ -356,7 +371,7 @@ def test_external_server_runs_the_exported_command_fake_vllm_executable(tmp_path
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     servers = ExternalServers()
-    plan = plan_tab.estimate_plan(*PLAN_FORM.values())[6]
+    plan = plan_tab.estimate_plan(PLAN_FORM)[6]
     assert is_error(external.start(servers, None, "vllm", 8011), "no plan yet")
     assert is_error(external.start(servers, plan, "vllm", -1), "port")
     assert is_error(external.start(servers, plan, "llamacpp", 8011), "llama-server")

@@ -15,7 +15,7 @@ import gradio as gr
 from fastapi import FastAPI
 
 from backend.server.engine_holder import EngineHolder
-from ui import bench_tab, chat_tab, compare_tab, export_tab, launch_tab, monitor_tab, plan_tab
+from ui import bench_tab, chat_tab, compare_tab, export_tab, launch_here, launch_tab, monitor_tab, plan_tab
 from ui.common import AppContext
 
 THEME = gr.themes.Soft(
@@ -39,6 +39,7 @@ CSS = """
 .kpi { background: #f8fafc; border: 1px solid #e2e8f0; border-radius: 8px; padding: 8px 10px; }
 .kpi b { display: block; font-size: 1.25em; }
 .kpi span { color: #64748b; font-size: 0.85em; }
+.phases { color: #64748b; font-size: 0.85em; margin-top: 6px; }
 """
 
 
@@ -48,26 +49,36 @@ def default_model_for_launch() -> str:
     return default_model(check_hub=False)  # the packaged GGUF, else the Hub id (a Space downloads it)
 
 
-def build_demo(ctx: AppContext) -> gr.Blocks:
-    """The seven tabs; handlers reach the engine through ctx.holder, shared by every browser tab."""
+def header(ctx: AppContext) -> str:
+    """The title, what the app does, and where the OpenAI-compatible API is (not Gradio's own API)."""
     from backend.default_model import DEFAULT_MODEL_NAME
 
+    root = ctx.api_base.removesuffix("/v1")
+    return (
+        "# LLM serving playground\n"
+        "Plan a deployment, launch the embedded engine and chat with it while the charts show batching and "
+        "KV cache at work, benchmark any OpenAI-compatible server, export configs. "
+        f"Default model: **{DEFAULT_MODEL_NAME}**.\n\n"
+        f"**OpenAI-compatible API** of the launched engine: `{ctx.api_base}` "
+        f"([reference]({root}/openapi.json): `/v1/chat/completions`, `/v1/completions`, `/v1/models`; "
+        f"Prometheus [`/metrics`]({root}/metrics)). Use it with any OpenAI client: "
+        f'`OpenAI(base_url="{ctx.api_base}", api_key=...)`.'
+    )
+
+
+def build_demo(ctx: AppContext) -> gr.Blocks:
+    """The seven tabs; handlers reach the engine through ctx.holder, shared by every browser tab."""
     with gr.Blocks(title="LLM serving playground") as demo:
-        gr.Markdown(
-            "# LLM serving playground\n"
-            "Plan a deployment, launch the embedded engine and chat with it while the charts show "
-            f"batching and KV cache at work, benchmark any OpenAI-compatible server, export configs. "
-            f"Default model: **{DEFAULT_MODEL_NAME}**. OpenAI API of the launched engine: `{ctx.api_base}`."
-        )
+        gr.Markdown(header(ctx), elem_id="app-header")
         with gr.Tabs() as tabs:
             with gr.Tab("Plan", id="plan"):
-                plan_state = plan_tab.build(ctx, demo)
+                plan = plan_tab.build(ctx, demo)
             with gr.Tab("Launch", id="launch"):
-                launch_tab.build(ctx, demo, plan_state)
+                launch = launch_tab.build(ctx, demo, plan.plan_state)
             with gr.Tab("Chat", id="chat"):
                 chat_timer = chat_tab.build(ctx, demo)
             with gr.Tab("Benchmark", id="bench"):
-                bench_tab.build(ctx, plan_state)
+                bench_tab.build(ctx, plan.plan_state)
             with gr.Tab(
                 "Compare", id="compare", visible=not ctx.policy.is_public
             ):  # runs the owner's engines
@@ -75,7 +86,8 @@ def build_demo(ctx: AppContext) -> gr.Blocks:
             with gr.Tab("Monitor", id="monitor"):
                 monitor_tab.build(ctx)
             with gr.Tab("Export", id="export"):
-                export_tab.build(ctx, plan_state)
+                export_tab.build(ctx, plan.plan_state)
+        launch_here.wire(ctx, tabs, plan, launch)
 
         def on_tab(event: gr.SelectData) -> gr.Timer:  # live charts refresh only while the Chat tab shows
             return gr.Timer(active=event.value == "Chat")
@@ -97,7 +109,13 @@ def build_server(ctx: AppContext) -> FastAPI:
         expose_prefix_cache=not ctx.policy.is_public,
         max_tokens_limit=ctx.policy.max_tokens if ctx.policy.is_public else None,
     )
-    return gr.mount_gradio_app(app, build_demo(ctx), path="/", theme=THEME, css=CSS, footer_links=["api"])
+    # no "Use via API" footer: it shows Gradio's endpoints, easily taken for the OpenAI API the header names
+    return gr.mount_gradio_app(app, build_demo(ctx), path="/", theme=THEME, css=CSS, footer_links=[])
+
+
+def preload_engine_modules() -> None:
+    """Import torch and the engine while the page loads, so the first Launch does not wait for it."""
+    import backend.engine.llm  # noqa: F401 (the import is the point)
 
 
 def _open_share_tunnel(host: str, port: int) -> None:
@@ -151,6 +169,7 @@ def launch(
         api_key=api_key,
     )
     app = build_server(ctx)
+    threading.Thread(target=preload_engine_modules, daemon=True).start()
     if policy.is_public:  # visitors cannot launch: the owner's model starts with the app
         threading.Thread(target=launch_tab.launch_default, args=(ctx,), daemon=True).start()
     print(banner(host, port, ctx), flush=True)

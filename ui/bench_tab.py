@@ -8,7 +8,17 @@ from typing import Any
 
 import gradio as gr
 
-from ui.common import AppContext, describe, error_message, ms, ok_message, required_int, tok_s
+from ui.common import (
+    AppContext,
+    describe,
+    error_message,
+    form_values,
+    message,
+    ms,
+    ok_message,
+    required_int,
+    tok_s,
+)
 
 EMBEDDED = "Embedded engine (this server's /v1)"
 EXTERNAL = "External engine started in the Launch tab (vLLM, ...)"
@@ -16,47 +26,38 @@ REQUEST_TIMEOUT_S = 120.0
 PERCENTILE_METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E latency"))
 
 
-def bench_config(
-    ctx: AppContext,
-    target: str,
-    url: str,
-    model: str,
-    num_prompts: Any,
-    input_len: Any,
-    output_len: Any,
-    concurrency: Any,
-):
-    """The form as a BenchConfig; ValueError naming the field for an impossible value."""
+def bench_config(ctx: AppContext, form: dict[str, Any]):
+    """The form (field name -> value) as a BenchConfig; ValueError naming the field for a bad value."""
     from backend.bench.serve import BenchConfig
 
+    target, model = form["target"], (form["model"] or "").strip()
     if target == EMBEDDED:
         engine = ctx.holder.get()
         if engine is None:
             raise ValueError(
                 "the embedded engine is not running: press Launch in the Launch tab, or pick a URL"
             )
-        base_url, model = ctx.api_base, model.strip() or engine.model_name
+        base_url, model = ctx.api_base, model or engine.model_name
     elif target == EXTERNAL:
         server = ctx.external.ready()
         if server is None:
             raise ValueError("no external engine is ready: start one under Launch → External engines")
-        base_url, model = server.base_url, model.strip() or server.served_name
+        base_url, model = server.base_url, model or server.served_name
     else:
-        base_url = (url or "").strip()
+        base_url = (form["url"] or "").strip()
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"server URL must start with http:// or https://, got {base_url!r}")
-        if not (model or "").strip():
+        if not model:
             raise ValueError("model is required for an external server (the name its /v1/models lists)")
-        model = model.strip()
     ctx.guard.check(base_url)  # a refused URL is a message here, before any request
     return BenchConfig(
         base_url=base_url,
         model=model,
         dataset="random",
-        num_prompts=limited(ctx, num_prompts, "number of requests", "max_bench_requests"),
-        input_len=limited(ctx, input_len, "input length (tokens)", "max_input_tokens"),
-        output_len=limited(ctx, output_len, "output length (tokens)", "max_tokens"),
-        max_concurrency=limited(ctx, concurrency, "max concurrency", "max_concurrency"),
+        num_prompts=limited(ctx, form["num_prompts"], "number of requests", "max_bench_requests"),
+        input_len=limited(ctx, form["input_len"], "input length (tokens)", "max_input_tokens"),
+        output_len=limited(ctx, form["output_len"], "output length (tokens)", "max_tokens"),
+        max_concurrency=limited(ctx, form["concurrency"], "max concurrency", "max_concurrency"),
         ignore_eos=True,
         api_key=ctx.key_for(base_url),
         timeout_s=REQUEST_TIMEOUT_S,
@@ -130,23 +131,24 @@ def comparison_html(result: dict[str, Any], plan: dict[str, Any] | None) -> str:
         f"<tr><td>{name}</td><td><b>{measured}</b></td><td>{fmt(est[key]) if est else '–'}</td></tr>"
         for name, measured, key, fmt in rows
     )
-    return (
-        f"<div class='msg msg-info' id='bench-summary'>{result['completed']} completed, "
-        f"{result['failed']} failed in {result['duration']:.1f} s · "
-        f"{result['request_throughput']:.2f} requests/s"
-        f"<table><tr><th></th><th>measured</th><th>planner estimate</th></tr>{body}</table>{note}</div>"
+    return message(
+        "info",
+        elem_id="bench-summary",
+        body_html=f"{result['completed']} completed, {result['failed']} failed in "
+        f"{result['duration']:.1f} s · {result['request_throughput']:.2f} requests/s"
+        f"<table><tr><th></th><th>measured</th><th>planner estimate</th></tr>{body}</table>{note}",
     )
 
 
-def run(ctx: AppContext, plan: dict[str, Any] | None, *form: Any, progress: Any = None) -> tuple:
-    """(message, table, summary, figure)."""
+def run(ctx: AppContext, form: dict[str, Any], progress: Any = None) -> tuple:
+    """(message, table, summary, figure) for the form (form["plan"]: the Plan tab's plan, or None)."""
     from backend.bench.plots import latency_figure
     from backend.bench.serve import run_benchmark
 
     try:
-        config = bench_config(ctx, *form)
+        config = bench_config(ctx, form)
         check_reachable(ctx, config)
-        estimate_plan = plan_for(ctx, form[0], plan, config)
+        estimate_plan = plan_for(ctx, form["target"], form["plan"], config)
     except ValueError as exc:
         return error_message(describe(exc)), gr.skip(), gr.skip(), gr.skip()
 
@@ -172,19 +174,30 @@ def run(ctx: AppContext, plan: dict[str, Any] | None, *form: Any, progress: Any 
 
 
 def build(ctx: AppContext, plan_state: gr.State) -> None:
+    form: dict[str, Any] = {"plan": plan_state}
     with gr.Row():
         with gr.Column(scale=2):
-            target = gr.Radio([EMBEDDED, EXTERNAL, "Another server (URL)"], value=EMBEDDED, label="Target")
-            url = gr.Textbox("http://127.0.0.1:8000/v1", label="Server URL (OpenAI-compatible, ends in /v1)")
-            model = gr.Textbox("", label="Model name (empty = the embedded engine's)")
+            form["target"] = gr.Radio(
+                [EMBEDDED, EXTERNAL, "Another server (URL)"], value=EMBEDDED, label="Target"
+            )
+            form["url"] = gr.Textbox(
+                "http://127.0.0.1:8000/v1", label="Server URL (OpenAI-compatible, ends in /v1)"
+            )
+            form["model"] = gr.Textbox("", label="Model name (empty = the embedded engine's)")
             with gr.Row():
-                num_prompts = gr.Number(16, label="Requests", precision=0, elem_id="bench-requests")
-                concurrency = gr.Number(4, label="Max concurrency", precision=0)
+                form["num_prompts"] = gr.Number(
+                    16, label="Requests", precision=0, minimum=1, elem_id="bench-requests"
+                )
+                form["concurrency"] = gr.Number(4, label="Max concurrency", precision=0, minimum=1)
             with gr.Row():
-                input_len = gr.Number(128, label="Input tokens", precision=0, elem_id="bench-input")
-                output_len = gr.Number(32, label="Output tokens", precision=0, elem_id="bench-output")
+                form["input_len"] = gr.Number(
+                    128, label="Input tokens", precision=0, minimum=1, elem_id="bench-input"
+                )
+                form["output_len"] = gr.Number(
+                    32, label="Output tokens", precision=0, minimum=1, elem_id="bench-output"
+                )
             start = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
-            message = gr.HTML(elem_id="bench-message")
+            message_box = gr.HTML(elem_id="bench-message")
         with gr.Column(scale=3):
             table = gr.Dataframe(
                 headers=["metric", "mean", "median", "p90", "p99"],
@@ -195,12 +208,7 @@ def build(ctx: AppContext, plan_state: gr.State) -> None:
             summary = gr.HTML(elem_id="bench-summary-box")
             figure = gr.Plot(label="Latency distribution", elem_id="bench-figure")
 
-    def on_run(plan: dict | None, *values: Any, progress: gr.Progress = gr.Progress()) -> tuple:  # noqa: B008 (Gradio's idiom)
-        return run(ctx, plan, *values, progress=progress)
+    def on_run(data: dict, progress: gr.Progress = gr.Progress()) -> tuple:  # noqa: B008 (Gradio's idiom)
+        return run(ctx, form_values(form, data), progress=progress)
 
-    start.click(
-        on_run,
-        [plan_state, target, url, model, num_prompts, input_len, output_len, concurrency],
-        [message, table, summary, figure],
-        api_name="benchmark",
-    )
+    start.click(on_run, set(form.values()), [message_box, table, summary, figure], api_name="benchmark")

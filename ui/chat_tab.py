@@ -10,9 +10,22 @@ from typing import Any
 
 import gradio as gr
 
+from backend.engine.sampling_params import SamplingParams
 from backend.server.engine_holder import EngineHolder, EngineState
 from ui import charts, launch_tab, load, structured_panel
-from ui.common import AppContext, describe, error_message, ms, percent, tok_s
+from ui.common import (
+    AppContext,
+    describe,
+    error_message,
+    form_values,
+    info_message,
+    message,
+    ms,
+    optional_int,
+    percent,
+    required_int,
+    tok_s,
+)
 
 DEFAULT_SYSTEM = "You are a helpful assistant. Answer briefly."
 STATS_MARK = (
@@ -20,21 +33,20 @@ STATS_MARK = (
 )
 
 
-def sampling_params(temperature, top_p, top_k, max_tokens, seed, stop, use_schema=False, schema=""):
-    """The sampling controls as SamplingParams; ValueError (from SamplingParams) for a value out of range."""
-    from backend.engine import SamplingParams
+def sampling_params(form: dict[str, Any]) -> SamplingParams:
+    """The sampling controls as SamplingParams; ValueError (from SamplingParams) for a value out of range.
+    An empty seed means a random one."""
     from backend.server.tools_demo import schema_constraint
-    from ui.common import optional_int, required_int
 
-    stops = [s for s in (stop or "").split("\n") if s]
+    stops = [s for s in (form["stop"] or "").split("\n") if s]
     return SamplingParams(
-        temperature=float(temperature),
-        top_p=float(top_p),
-        top_k=int(top_k),
-        max_tokens=required_int(max_tokens, "max tokens"),
-        seed=optional_int(seed, "seed", minimum=0, auto=-1),
+        temperature=float(form["temperature"]),
+        top_p=float(form["top_p"]),
+        top_k=int(form["top_k"]),
+        max_tokens=required_int(form["max_tokens"], "max tokens"),
+        seed=optional_int(form["seed"], "seed", minimum=0, auto=-1),
         stop=stops or None,
-        structured_outputs=schema_constraint(schema) if use_schema else None,
+        structured_outputs=schema_constraint(form["schema"]) if form.get("use_schema") else None,
     )
 
 
@@ -82,66 +94,60 @@ def message_text(content: str | list[dict[str, Any]]) -> str:
     return content.split(STATS_MARK)[0]
 
 
-async def chat(ctx: AppContext, text: str, shown: list, system: str, *controls: Any) -> AsyncIterator[tuple]:
-    """Stream one reply. Yields (chatbot, textbox, reply stats, message, request id)."""
+async def chat(ctx: AppContext, form: dict[str, Any]) -> AsyncIterator[tuple]:
+    """Stream one reply to form["message"] after form["history"] (the chatbot). Yields (chatbot, textbox,
+    reply stats, message). Cancelling the handler (the Stop button) aborts the request."""
+    text, system = form["message"], form["system"] or ""
     if not (text or "").strip():
-        yield gr.skip(), gr.skip(), gr.skip(), error_message("type a message first"), gr.skip()
+        yield gr.skip(), gr.skip(), gr.skip(), error_message("type a message first")
         return
     try:
-        params = sampling_params(*controls)
+        params = sampling_params(form)
         ctx.policy.limit(params.max_tokens, "max_tokens", "max tokens")
     except ValueError as exc:
-        yield gr.skip(), gr.skip(), gr.skip(), error_message(describe(exc)), gr.skip()
+        yield gr.skip(), gr.skip(), gr.skip(), error_message(describe(exc))
         return
-    history = [{"role": m["role"], "content": message_text(m["content"])} for m in shown or []]
+    history = [{"role": m["role"], "content": message_text(m["content"])} for m in form["history"] or []]
     history.append({"role": "user", "content": text})
     if (server := ctx.external.ready()) is not None:  # an engine launched from the Launch tab answers
-        async for update in chat_external(server, system or "", history, params):
+        async for update in chat_external(server, system, history, params):
             yield update
         return
-    note = "⏳" if ctx.holder.get() else "⏳ starting the engine (the default model loads in about 30 s)…"
-    waiting = [*history, {"role": "assistant", "content": note}]
-    yield waiting, "", "", "", gr.skip()
+    note = "⏳" if ctx.holder.get() else "⏳ starting the engine (the default model loads in about 20 s)…"
+    yield [*history, {"role": "assistant", "content": note}], "", "", ""
     engine, why = await ensure_engine(ctx)
     if engine is None:
-        yield history, gr.skip(), "", error_message(why), gr.skip()
+        yield history, gr.skip(), "", error_message(why)
         return
-    request_id = f"chat-{uuid.uuid4().hex[:8]}"
     started, first_token, out = time.time(), None, None
     try:
-        ids = await engine.run_in_tokenizer(prompt_token_ids, engine, system or "", history)
-        async for out in engine.generate(ids, params, request_id=request_id):
+        ids = await engine.run_in_tokenizer(prompt_token_ids, engine, system, history)
+        async for out in engine.generate(ids, params, request_id=f"chat-{uuid.uuid4().hex[:8]}"):
             if first_token is None and out.outputs[0].token_ids:
                 first_token = time.time()
-            yield (
-                [*history, {"role": "assistant", "content": out.outputs[0].text}],
-                gr.skip(),
-                "",
-                "",
-                request_id,
-            )
+            yield [*history, {"role": "assistant", "content": out.outputs[0].text}], gr.skip(), "", ""
     except Exception as exc:  # prompt too long, queue full, engine stopped: show it, keep the UI alive
-        yield history, gr.skip(), "", error_message(describe(exc)), ""
+        yield history, gr.skip(), "", error_message(describe(exc))
         return
     completion = out.outputs[0]
     stats = reply_stats(
         started, first_token, time.time(), len(completion.token_ids), completion.finish_reason
     )
     reply = {"role": "assistant", "content": f"{completion.text}{STATS_MARK}{stats}</sub>"}
-    yield [*history, reply], gr.skip(), stats, "", ""
+    yield [*history, reply], gr.skip(), stats, ""
 
 
 async def chat_external(server: Any, system: str, history: list, params: Any) -> AsyncIterator[tuple]:
     """The same updates as chat() for an external engine's /v1 (streamed with the openai client)."""
     from ui.chat_remote import stream_reply
 
-    yield [*history, {"role": "assistant", "content": f"⏳ ({server.engine})"}], "", "", "", gr.skip()
+    yield [*history, {"role": "assistant", "content": f"⏳ ({server.engine})"}], "", "", ""
     started, text, info = time.time(), "", {}
     try:
         async for text in stream_reply(server, system, history, params, info):
-            yield [*history, {"role": "assistant", "content": text}], gr.skip(), "", "", gr.skip()
+            yield [*history, {"role": "assistant", "content": text}], gr.skip(), "", ""
     except Exception as exc:  # the server stopped, refused the request: show it, keep the UI alive
-        yield history, gr.skip(), "", error_message(f"{server.engine}: {describe(exc)}"), ""
+        yield history, gr.skip(), "", error_message(f"{server.engine}: {describe(exc)}")
         return
     stats = reply_stats(started, info["first_token"], time.time(), info["tokens"], info["finish"])
     stats = f"{server.engine} · {stats}"
@@ -150,34 +156,27 @@ async def chat_external(server: Any, system: str, history: list, params: Any) ->
         gr.skip(),
         stats,
         "",
-        "",
     )
-
-
-def stop_reply(holder: EngineHolder, request_id: str) -> str:
-    engine = holder.get()
-    if request_id and engine is not None:
-        engine.abort(request_id)
-        return ""
-    return error_message("nothing to stop")
 
 
 def live_now_html(sample: dict[str, Any] | None) -> str:
     if sample is None:
-        return (
-            "<div id='live-now' class='msg msg-info'>No engine running: the charts start when one is.</div>"
-        )
+        return message("info", "No engine running: the charts start when one is.", elem_id="live-now")
     used, total = sample.get("num_kv_blocks_used"), sample.get("num_kv_blocks_total")
-    return (
-        f"<div id='live-now' class='msg msg-info' data-running='{sample['num_requests_running']}' "
-        f"data-waiting='{sample['num_requests_waiting']}' data-kv='{sample.get('kv_cache_usage') or 0}'>"
+    data = {
+        "running": sample["num_requests_running"],
+        "waiting": sample["num_requests_waiting"],
+        "kv": sample.get("kv_cache_usage") or 0,
+    }
+    body = (
         f"running <b>{sample['num_requests_running']}</b> · "
         f"waiting <b>{sample['num_requests_waiting']}</b> · "
         f"KV cache <b>{percent(sample.get('kv_cache_usage'))}</b> ({used}/{total} blocks) · "
         f"generation <b>{tok_s(sample.get('generation_tokens_per_s'))}</b> · "
         f"prefix hits <b>{percent(sample.get('prefix_cache_hit_rate'))}</b> · "
-        f"preemptions <b>{sample.get('num_preemptions_total', 0)}</b></div>"
+        f"preemptions <b>{sample.get('num_preemptions_total', 0)}</b>"
     )
+    return message("info", body_html=body, elem_id="live-now", data=data)
 
 
 def refresh_live(holder: EngineHolder, is_public: bool = False, external: Any = None) -> tuple:
@@ -211,7 +210,6 @@ def refresh_live(holder: EngineHolder, is_public: bool = False, external: Any = 
 
 def build(ctx: AppContext, demo: gr.Blocks) -> gr.Timer:
     """The Chat tab; returns its timer so the app can run it only while the tab is visible."""
-    request_id = gr.State("")
     with gr.Row():
         with gr.Column(scale=5):
             chatbot = gr.Chatbot(
@@ -232,42 +230,45 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.Timer:
                 stop = gr.Button("Stop", variant="stop", elem_id="chat-stop")
                 clear = gr.Button("Clear")
             stats = gr.Markdown(elem_id="chat-reply-stats")
-            message = gr.HTML(elem_id="chat-message")
-            system = gr.Textbox(DEFAULT_SYSTEM, label="System prompt", lines=2)
-            use_schema, schema = structured_panel.build(ctx)
+            message_box = gr.HTML(elem_id="chat-message")
+            form: dict[str, Any] = {"message": text, "history": chatbot}
+            form["system"] = gr.Textbox(DEFAULT_SYSTEM, label="System prompt", lines=2)
+            form["use_schema"], form["schema"] = structured_panel.build(ctx)
             with gr.Accordion("Sampling", open=False):
                 with gr.Row():
-                    temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")
-                    top_p = gr.Slider(0.01, 1, value=1, step=0.01, label="top_p")
-                    top_k = gr.Number(-1, label="top_k (-1 = off)", precision=0)
+                    form["temperature"] = gr.Slider(
+                        0, 2, value=0, step=0.05, label="temperature (0 = greedy)"
+                    )
+                    form["top_p"] = gr.Slider(0.01, 1, value=1, step=0.01, label="top_p")
+                    form["top_k"] = gr.Number(-1, label="top_k (-1 = off)", precision=0, minimum=-1)
                 with gr.Row():
-                    max_tokens = gr.Number(256, label="max tokens", precision=0)
-                    seed = gr.Number(-1, label="seed (-1 = random)", precision=0)
-                    stop_text = gr.Textbox("", label="stop strings (one per line)", lines=1)
+                    form["max_tokens"] = gr.Number(256, label="max tokens", precision=0, minimum=1)
+                    form["seed"] = gr.Number(None, label="seed (empty = random)", precision=0, minimum=0)
+                    form["stop"] = gr.Textbox("", label="stop strings (one per line)", lines=1)
         with gr.Column(scale=6):
             now = gr.HTML(live_now_html(None), elem_id="live-now-box")
             live = gr.Plot(label="Live engine metrics (1 s)", elem_id="live-chart")
             load.build(ctx)
             block_map = gr.Plot(label="KV blocks by request", elem_id="kv-block-map")
 
-    controls = [temperature, top_p, top_k, max_tokens, seed, stop_text, use_schema, schema]
-
-    async def on_chat(*values: Any) -> AsyncIterator[tuple]:
-        async for update in chat(ctx, *values):
+    async def on_chat(data: dict) -> AsyncIterator[tuple]:
+        async for update in chat(ctx, form_values(form, data)):
             yield update
 
-    outputs = [chatbot, text, stats, message, request_id]
-    for trigger, api_name in ((send.click, "chat"), (text.submit, "chat_submit")):
+    events = [
         trigger(
             on_chat,
-            [text, chatbot, system, *controls],
-            outputs,
+            set(form.values()),
+            [chatbot, text, stats, message_box],
             concurrency_limit=None,
             show_progress="hidden",
             api_name=api_name,
         )
-    stop.click(lambda rid: stop_reply(ctx.holder, rid), request_id, message)
-    clear.click(lambda: ([], "", ""), None, [chatbot, stats, message])
+        for trigger, api_name in ((send.click, "chat"), (text.submit, "chat_submit"))
+    ]
+    # cancelling the reply's handler closes its stream, which aborts the request and frees its KV blocks
+    stop.click(lambda: info_message("Stopped: the request was aborted."), None, message_box, cancels=events)
+    clear.click(lambda: ([], "", ""), None, [chatbot, stats, message_box])
     timer = gr.Timer(1.0, active=False)
     timer.tick(
         lambda: refresh_live(ctx.holder, ctx.policy.is_public, ctx.external),

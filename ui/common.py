@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import httpx
 
@@ -38,16 +39,41 @@ class AppContext:
     external: ExternalServers = field(default_factory=ExternalServers)  # vLLM etc. started from Launch
 
 
+MessageKind = Literal["error", "ok", "info"]
+ICONS: dict[str, str] = {"error": "⚠ ", "ok": "✓ ", "info": ""}
+
+
+def message(
+    kind: MessageKind,
+    text: str = "",
+    *,
+    body_html: str | None = None,
+    elem_id: str = "",
+    data: dict[str, object] | None = None,
+) -> str:
+    """The one inline message box every tab uses: the text escaped (or body_html, already safe), the
+    kind's colours and icon, an optional id and data- attributes (what the browser tests read)."""
+    attrs = f" id='{elem_id}'" if elem_id else ""
+    attrs += "".join(f" data-{key}='{html.escape(str(value))}'" for key, value in (data or {}).items())
+    body = body_html if body_html is not None else html.escape(text)
+    return f"<div class='msg msg-{kind}'{attrs}>{ICONS[kind]}{body}</div>"
+
+
 def error_message(text: str) -> str:
-    return f"<div class='msg msg-error'>⚠ {html.escape(text)}</div>"
+    return message("error", text)
 
 
 def ok_message(text: str) -> str:
-    return f"<div class='msg msg-ok'>✓ {html.escape(text)}</div>"
+    return message("ok", text)
 
 
 def info_message(text: str) -> str:
-    return f"<div class='msg msg-info'>{html.escape(text)}</div>"
+    return message("info", text)
+
+
+def form_values(components: dict[str, Any], data: dict[Any, Any]) -> dict[str, Any]:
+    """A handler's dict input (component -> value, Gradio's `inputs={...}` form) by field name."""
+    return {name: data[component] for name, component in components.items()}
 
 
 def describe(exc: BaseException) -> str:

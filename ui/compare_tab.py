@@ -10,7 +10,7 @@ from typing import Any
 import gradio as gr
 
 from backend.bench.datasets import DATASETS
-from ui.common import AppContext, describe, error_message, ok_message, required_int
+from ui.common import AppContext, describe, error_message, form_values, ok_message, required_int
 
 EMBEDDED = "embedded"
 EXTERNAL = ("vllm", "sglang", "llamacpp")
@@ -59,30 +59,21 @@ def targets(ctx: AppContext, chosen: list[str], url: str) -> list:
     return out
 
 
-def run(
-    ctx: AppContext,
-    chosen: list[str],
-    url: str,
-    dataset: str,
-    num_prompts: Any,
-    concurrency: Any,
-    output_len: Any,
-    progress: Any = None,
-) -> tuple:
-    """(message, table, throughput chart, latency chart, KV chart, report files)."""
+def run(ctx: AppContext, form: dict[str, Any], progress: Any = None) -> tuple:
+    """(message, table, throughput chart, latency chart, KV chart, report files) for the form."""
     from backend.bench.compare import Workload, run_compare
     from backend.bench.compare_report import figures, table_html, write_report
 
     skip = (gr.skip(),) * 5
     try:
         workload = Workload(
-            dataset=dataset,
-            num_prompts=required_int(num_prompts, "requests"),
-            max_concurrency=required_int(concurrency, "max concurrency"),
-            output_len=required_int(output_len, "output tokens"),
+            dataset=form["dataset"],
+            num_prompts=required_int(form["num_prompts"], "requests"),
+            max_concurrency=required_int(form["concurrency"], "max concurrency"),
+            output_len=required_int(form["output_len"], "output tokens"),
             timeout_s=300.0,
         )
-        chosen_targets = targets(ctx, chosen, url)
+        chosen_targets = targets(ctx, form["chosen"], form["url"])
     except ValueError as exc:
         return (error_message(describe(exc)), *skip)
 
@@ -105,20 +96,23 @@ def run(
 
 
 def build(ctx: AppContext) -> None:
+    form: dict[str, Any] = {}
     with gr.Row():
         with gr.Column(scale=2):
-            chosen = gr.CheckboxGroup(
+            form["chosen"] = gr.CheckboxGroup(
                 [EMBEDDED, *EXTERNAL],
                 value=[EMBEDDED, "vllm"],
                 label="Targets (running engines)",
                 elem_id="compare-targets",
             )
-            url = gr.Textbox("", label="Another server (OpenAI URL, optional)")
-            dataset = gr.Dropdown(list(DATASETS), value="chat", label="Dataset")
+            form["url"] = gr.Textbox("", label="Another server (OpenAI URL, optional)")
+            form["dataset"] = gr.Dropdown(list(DATASETS), value="chat", label="Dataset")
             with gr.Row():
-                num_prompts = gr.Number(16, label="Requests", precision=0, elem_id="compare-requests")
-                concurrency = gr.Number(4, label="Max concurrency", precision=0)
-                output_len = gr.Number(64, label="Output tokens", precision=0)
+                form["num_prompts"] = gr.Number(
+                    16, label="Requests", precision=0, minimum=1, elem_id="compare-requests"
+                )
+                form["concurrency"] = gr.Number(4, label="Max concurrency", precision=0, minimum=1)
+                form["output_len"] = gr.Number(64, label="Output tokens", precision=0, minimum=1)
             start = gr.Button("Compare", variant="primary", elem_id="compare-run")
             message = gr.HTML(elem_id="compare-message")
             files = gr.File(label="Report (JSON, standalone HTML)", file_count="multiple")
@@ -128,12 +122,9 @@ def build(ctx: AppContext) -> None:
             latency = gr.Plot(label="Latency distributions", elem_id="compare-latency")
             kv = gr.Plot(label="KV usage over time", elem_id="compare-kv")
 
-    def on_run(*values: Any, progress: gr.Progress = gr.Progress()) -> tuple:  # noqa: B008 (Gradio's idiom)
-        return run(ctx, *values, progress=progress)
+    def on_run(data: dict, progress: gr.Progress = gr.Progress()) -> tuple:  # noqa: B008 (Gradio's idiom)
+        return run(ctx, form_values(form, data), progress=progress)
 
     start.click(
-        on_run,
-        [chosen, url, dataset, num_prompts, concurrency, output_len],
-        [message, table, throughput, latency, kv, files],
-        concurrency_limit=1,
+        on_run, set(form.values()), [message, table, throughput, latency, kv, files], concurrency_limit=1
     )

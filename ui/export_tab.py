@@ -9,7 +9,7 @@ from typing import Any
 
 import gradio as gr
 
-from ui.common import AppContext, describe, error_message, ok_message, required_int
+from ui.common import AppContext, describe, error_message, form_values, message, ok_message, required_int
 
 LANGUAGES = {
     ".sh": "shell",
@@ -33,41 +33,36 @@ def language_of(path: str) -> str | None:
 def plan_summary(plan: dict[str, Any] | None) -> str:
     if not plan:
         return error_message("no plan yet: the export uses the Plan tab's model, GPUs and workload")
-    return (
-        f"<div class='msg msg-info'>Exporting the plan: <b>{html.escape(plan['model'])}</b> on "
+    return message(
+        "info",
+        body_html=f"Exporting the plan: <b>{html.escape(plan['model'])}</b> on "
         f"{plan['num_gpus']} × {html.escape(plan['gpu'])}, {html.escape(plan['quant'])}, "
-        f"max_model_len {plan['max_model_len'] or 'model limit'}</div>"
+        f"max_model_len {plan['max_model_len'] or 'model limit'}",
     )
 
 
-def export_plan(
-    plan: dict[str, Any] | None,
-    engines: list[str],
-    formats: list[str],
-    host: str,
-    port: Any,
-    served_name: str,
-    api_key_env: str,
-    speculative: str,
-) -> tuple:
-    """(files state, file picker, preview, zip path, message) for the current plan."""
+def export_plan(form: dict[str, Any]) -> tuple:
+    """(files state, file picker, preview, zip path, message) for form["plan"] and the export options."""
     from backend.export import ExportOptions, export_files, zip_files
     from backend.planner import PlanRequest
 
     none = (gr.skip(),) * 4
+    plan, engines = form["plan"], form["engines"]
     if not plan:
         return *none, error_message("no plan yet: fill in the Plan tab first")
     if not engines:
         return *none, error_message("choose at least one engine")
     try:
         options = ExportOptions(
-            host=(host or "").strip(),
-            port=required_int(port, "port"),
-            served_model_name=(served_name or "").strip() or None,
-            api_key_env=(api_key_env or "").strip() or None,
-            speculative_method=None if speculative == "off" else speculative,
+            host=(form["host"] or "").strip(),
+            port=required_int(form["port"], "port"),
+            served_model_name=(form["served"] or "").strip() or None,
+            api_key_env=(form["api_key"] or "").strip() or None,
+            speculative_method=None if form["speculative"] == "off" else form["speculative"],
         )
-        files = export_files(PlanRequest(**plan), options, engines=list(engines), formats=list(formats or []))
+        files = export_files(
+            PlanRequest(**plan), options, engines=list(engines), formats=list(form["formats"] or [])
+        )
     except Exception as exc:  # impossible combinations and bad values come back as ValueError with the reason
         return *none, error_message(describe(exc))
     folder = Path(tempfile.mkdtemp(prefix="export-"))
@@ -95,28 +90,29 @@ def build(ctx: AppContext, plan_state: gr.State) -> None:
 
     files = gr.State({})
     summary = gr.HTML(plan_summary(None), elem_id="export-plan")
+    form: dict[str, Any] = {"plan": plan_state}
     with gr.Row():
         with gr.Column(scale=2):
-            engines = gr.CheckboxGroup(
+            form["engines"] = gr.CheckboxGroup(
                 list(ENGINES), value=["vllm"], label="Engines", elem_id="export-engines"
             )
-            formats = gr.CheckboxGroup(
+            form["formats"] = gr.CheckboxGroup(
                 list(FORMATS),
                 value=[f for f in ("shell", "compose") if f in FORMATS],
                 label="Formats",
                 elem_id="export-formats",
             )
             with gr.Row():
-                host = gr.Textbox("127.0.0.1", label="Bind address (containers use 0.0.0.0 inside)")
-                port = gr.Number(8000, label="Port", precision=0)
+                form["host"] = gr.Textbox("127.0.0.1", label="Bind address (containers use 0.0.0.0 inside)")
+                form["port"] = gr.Number(8000, label="Port", precision=0, minimum=1, maximum=65535)
             with gr.Row():
-                served = gr.Textbox("", label="served_model_name (empty = model id)")
-                api_key = gr.Textbox("", label="API key env var (e.g. VLLM_API_KEY; empty = no key)")
-            speculative = gr.Dropdown(
+                form["served"] = gr.Textbox("", label="served_model_name (empty = model id)")
+                form["api_key"] = gr.Textbox("", label="API key env var (e.g. VLLM_API_KEY; empty = no key)")
+            form["speculative"] = gr.Dropdown(
                 ["off", "ngram", "eagle3", "draft_model"], value="off", label="Speculative decoding"
             )
             generate = gr.Button("Generate files", variant="primary", elem_id="export-generate")
-            message = gr.HTML(elem_id="export-message")
+            message_box = gr.HTML(elem_id="export-message")
             download = gr.DownloadButton("Download all (.zip)", elem_id="export-download")
         with gr.Column(scale=3):
             picker = gr.Dropdown([], label="File", elem_id="export-file")
@@ -129,9 +125,9 @@ def build(ctx: AppContext, plan_state: gr.State) -> None:
                 elem_id="export-preview",
             )
     generate.click(
-        export_plan,
-        [plan_state, engines, formats, host, port, served, api_key, speculative],
-        [files, picker, code, download, message],
+        lambda data: export_plan(form_values(form, data)),
+        set(form.values()),
+        [files, picker, code, download, message_box],
     )
     picker.change(preview, [files, picker], code)
     plan_state.change(plan_summary, plan_state, summary)

@@ -11,7 +11,7 @@ import gradio as gr
 
 from backend.export.supervisor import ExternalServers, availability
 from backend.planner.request import PlanRequest
-from ui.common import describe, error_message, gib, ok_message, optional_int
+from ui.common import describe, error_message, gib, message, ok_message, optional_int
 
 LOG_LINES = 80
 
@@ -78,7 +78,7 @@ def memory_html(server: Any) -> str:
 def status_html(servers: ExternalServers, engine: str | None) -> str:
     server = servers.get(engine) if engine else None
     if server is None:
-        return "<div id='external-state' data-state='none' class='msg msg-info'>Not started.</div>"
+        return message("info", "Not started.", elem_id="external-state", data={"state": "none"})
     s = server.status()
     where = f"pid {s.pid} · {html.escape(s.base_url)} · {s.seconds:.0f} s"
     head = f"<b>{html.escape(s.engine)}</b> · {s.state} · {where}"
@@ -90,8 +90,8 @@ def status_html(servers: ExternalServers, engine: str | None) -> str:
     if s.state == "failed":
         lines = html.escape("\n".join(s.error))
         body += f"<pre id='external-error' style='white-space:pre-wrap;font-size:0.8em'>{lines}</pre>"
-    kind = {"ready": "msg-ok", "failed": "msg-error"}.get(s.state, "msg-info")
-    return f"<div id='external-state' data-state='{s.state}' class='msg {kind}'>{body}</div>"
+    kind = {"ready": "ok", "failed": "error"}.get(s.state, "info")
+    return message(kind, body_html=body, elem_id="external-state", data={"state": s.state})  # type: ignore[arg-type]
 
 
 def log_text(servers: ExternalServers, engine: str | None) -> str:
@@ -113,7 +113,9 @@ def build(servers: ExternalServers, plan_state: Any) -> None:
             interactive=bool(ready),
             elem_id="external-engine",
         )
-        port = gr.Number(0, label="Port (0 = a free one)", precision=0, interactive=bool(ready))
+        port = gr.Number(
+            None, label="Port (empty = a free one)", precision=0, minimum=1024, interactive=bool(ready)
+        )
         source = gr.Radio([DEFAULT_MODEL, PLAN], value=DEFAULT_MODEL, label="Model and settings")
     with gr.Row():
         start_button = gr.Button(

@@ -6,15 +6,16 @@ import contextlib
 import functools
 import html
 from collections.abc import Callable
-from dataclasses import Field, fields
-from pathlib import Path
+from dataclasses import Field, dataclass, fields
 from typing import Any
 
 import gradio as gr
 
 from backend.engine.config import EngineConfig, cli_types, config_field, speculative_model
+from backend.engine.load_phases import LoadPhase
 from backend.engine.stats import EngineStats
-from backend.server.engine_holder import EngineHolder, EngineState
+from backend.model_names import display_name
+from backend.server.engine_holder import EngineHolder, EngineState, EngineStatus
 from ui import external
 from ui.common import (
     AppContext,
@@ -22,14 +23,15 @@ from ui.common import (
     error_message,
     gib,
     info_message,
+    message,
     ok_message,
     optional_int,
     required_int,
 )
+from ui.common import form_values as form_values_of
 
 MIB = 1024**2
 DEFAULT_KV_MIB = 256  # small on purpose: a few concurrent chats already show on the KV-cache chart
-PLAN_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # Where the form differs from an EngineConfig field (everything else comes from the field and its metadata)
 FORM_LABELS = {"kv_cache_memory_bytes": "kv_cache_memory (MiB)"}
 FORM_SCALE = {"kv_cache_memory_bytes": MIB}  # the form takes MiB
@@ -70,7 +72,8 @@ def launch_config(form: dict[str, Any]) -> EngineConfig:
 
 
 def engine_input(f: Field, visible: bool = True) -> gr.components.Component:
-    """The form input for one EngineConfig field, built from its type and metadata."""
+    """The form input for one EngineConfig field, built from its type and metadata; an optional number
+    left empty means automatic (its help says what that is)."""
     label, info = FORM_LABELS.get(f.name, f.name), f.metadata["help"]
     value = form_defaults()[f.name]
     if cli_types()[f.name] is bool:
@@ -79,7 +82,15 @@ def engine_input(f: Field, visible: bool = True) -> gr.components.Component:
         return gr.Dropdown(list(f.metadata["choices"]), value=value, label=label, info=info)
     if cli_types()[f.name] is str:
         return gr.Textbox(value or "", label=label, info=info, placeholder="unset")
-    return gr.Number(value, label=label, info=info, precision=0)
+    return gr.Number(value, label=label, info=info, precision=0, minimum=f.metadata["minimum"])
+
+
+def form_values(config: EngineConfig) -> dict[str, Any]:
+    """An EngineConfig as the form shows it (field name -> value, model included): launch_config's inverse."""
+    values = {f.name: getattr(config, f.name) for f in engine_fields()}
+    for name, scale in FORM_SCALE.items():
+        values[name] = None if values[name] is None else values[name] // scale
+    return {"model": config.model, **values}
 
 
 @functools.cache
@@ -99,29 +110,33 @@ def kib(nbytes: float | None) -> str:
     return "–" if nbytes is None else f"{nbytes / 1024:,.1f} KiB"
 
 
+def phases_text(phases: tuple[LoadPhase, ...]) -> str:
+    return ", ".join(f"{p.name} {p.seconds:.1f} s" for p in phases)
+
+
 def status_html(holder: EngineHolder) -> str:
     status = holder.status()
-    name = html.escape(status.config.model if status.config else "")
     stats = holder.stats() if status.state == EngineState.READY else None
     if status.state == EngineState.STOPPED or (status.state == EngineState.READY and stats is None):
-        return "<div class='msg msg-info' id='engine-state' data-state='stopped'>Stopped: press Launch.</div>"
+        return message("info", "Stopped: press Launch.", elem_id="engine-state", data={"state": "stopped"})
+    name = display_name(status.config.model) if status.config else ""
     if status.state == EngineState.LOADING:
-        serving = status.serving.model if status.serving else ""
-        keeps = f" ({html.escape(serving)} keeps serving until it is ready)" if serving else ""
-        return (
-            f"<div class='msg msg-info' id='engine-state' data-state='loading'>Loading {name} … "
-            f"{status.load_seconds:.0f} s{keeps}</div>"
-        )
+        serving = f" ({status.serving.model} keeps serving until it is ready)" if status.serving else ""
+        text = f"Loading {name} … {status.phase or 'starting'} · {status.load_seconds:.0f} s{serving}"
+        return message("info", text, elem_id="engine-state", data={"state": "loading"})
     if status.state == EngineState.FAILED:
-        return (
-            f"<div class='msg msg-error' id='engine-state' data-state='failed'>Load failed: "
-            f"{html.escape(status.error)}<br>Fix the settings and press Launch again.</div>"
-        )
+        body = f"Load failed: {html.escape(status.error)}<br>Fix the settings and press Launch again."
+        return message("error", body_html=body, elem_id="engine-state", data={"state": "failed"})
     assert stats is not None and status.config is not None  # READY with an engine
+    return ready_card(status, stats)
+
+
+def ready_card(status: EngineStatus, stats: EngineStats) -> str:
+    assert status.config is not None
     plan = planned_memory(status.config.model, stats.dtype)
     kv_tokens = stats.num_kv_blocks_total * stats.block_size
     cells = [
-        ("Model", stats.model),
+        ("Model", display_name(status.config.model, stats.quantization, stats.dtype)),
         ("Device · dtype", f"{stats.device} · {stats.dtype}"),
         (
             "KV blocks",
@@ -140,12 +155,13 @@ def status_html(holder: EngineHolder) -> str:
         ("Loaded in", f"{status.load_seconds:.1f} s"),
     ]
     body = "".join(f"<div class='kpi'><span>{k}</span><b>{html.escape(str(v))}</b></div>" for k, v in cells)
+    where = f"<div class='phases' id='load-phases'>{html.escape(phases_text(status.phases))}</div>"
     failed = (
         error_message(f"The last launch failed ({status.error}); the engine below keeps serving.")
         if status.error
         else ""
     )
-    return f"<div id='engine-state' data-state='ready'>{failed}<div class='kpis'>{body}</div></div>"
+    return f"<div id='engine-state' data-state='ready'>{failed}<div class='kpis'>{body}</div>{where}</div>"
 
 
 def launch_engine(
@@ -154,26 +170,30 @@ def launch_engine(
     progress: Any = None,
     authorize: Callable[[EngineConfig], None] | None = None,
 ) -> tuple[str, str]:
-    """(message, status). Loads in this thread; a bad form value, a refusal by ``authorize`` (public
-    mode) or a failed load becomes the message, and a failed load leaves the running engine serving."""
+    """(message, status). Loads in this thread, each load phase shown on ``progress``; a bad form value,
+    a refusal by ``authorize`` (public mode) or a failed load becomes the message, and a failed load
+    leaves the running engine serving."""
     try:
         config = launch_config(form)
         if authorize is not None:
             authorize(config)
     except ValueError as exc:
         return error_message(describe(exc)), status_html(holder)
-    if progress is not None:
-        progress(0.0, desc=f"Loading {Path(config.model).name} (the default model takes about 20 s)")
+    name = display_name(config.model)
+
+    def on_phase(phase: str, fraction: float) -> None:
+        if progress is not None:
+            progress(fraction, desc=f"{name}: {phase} …")
+
     try:
-        status = holder.launch(config)
+        status = holder.launch(config, on_phase=on_phase)
     except RuntimeError as exc:  # another tab is loading
         return error_message(str(exc)), status_html(holder)
     if status.error:
         still = f"; {status.serving.model} keeps serving" if status.serving else ""
         return error_message(f"Launch failed: {status.error}{still}"), status_html(holder)
-    return ok_message(f"Engine ready in {status.load_seconds:.1f} s — open the Chat tab."), status_html(
-        holder
-    )
+    ready = f"{name} ready in {status.load_seconds:.1f} s ({phases_text(status.phases)}) — open the Chat tab."
+    return ok_message(ready), status_html(holder)
 
 
 def speculation_summary(stats: EngineStats) -> str:
@@ -222,28 +242,18 @@ def launch_default(ctx: AppContext) -> None:
         ctx.holder.launch(default_config(ctx.default_model))
 
 
-def settings_from_plan(plan: dict[str, Any] | None) -> tuple:
-    """Copy what applies to the embedded engine from the Plan tab (model only if it is a local file)."""
-    if not plan:
-        return (gr.skip(),) * 7 + (error_message("no plan yet: fill in the Plan tab first"),)
-    local = Path(plan["model"]).exists()
-    message = (
-        "Copied block_size, max_num_seqs, max_num_batched_tokens, max_model_len, dtype and prefix "
-        f"caching from the plan{' and its local model' if local else ''}."
-    )
-    return (
-        plan["model"] if local else gr.skip(),
-        PLAN_DTYPES.get(plan["quant"], "auto"),
-        plan["block_size"],
-        plan["max_num_seqs"],
-        plan["max_num_batched_tokens"],
-        plan["max_model_len"],
-        plan["enable_prefix_caching"],
-        ok_message(message),
-    )
+@dataclass(slots=True)
+class LaunchPanel:
+    """What other tabs drive (Plan's "Launch this plan here"): the form, its messages, and the launch."""
+
+    inputs: dict[str, gr.components.Component]
+    admin: gr.Textbox
+    message: gr.HTML
+    status: gr.HTML
+    on_launch: Callable[..., str]
 
 
-def build(ctx: AppContext, demo: gr.Blocks, plan_state: gr.State) -> None:
+def build(ctx: AppContext, demo: gr.Blocks, plan_state: gr.State) -> LaunchPanel:
     holder = ctx.holder
     with gr.Row():
         with gr.Column(scale=2):
@@ -272,11 +282,12 @@ def build(ctx: AppContext, demo: gr.Blocks, plan_state: gr.State) -> None:
                 elem_id="admin-token",
             )
             with gr.Row():
-                from_plan = gr.Button("Copy settings from Plan")
                 launch = gr.Button("Launch", variant="primary", elem_id="launch-button")
                 stop = gr.Button("Stop", variant="stop", elem_id="stop-button")
-            message = gr.HTML(
-                info_message("Launch loads the model with these settings."),
+            message_box = gr.HTML(
+                info_message(
+                    "Launch loads the model with these settings (Plan → Launch this plan here fills them)."
+                ),
                 elem_id="launch-message",
                 min_height=70,  # room for the progress bar while loading
             )
@@ -286,25 +297,19 @@ def build(ctx: AppContext, demo: gr.Blocks, plan_state: gr.State) -> None:
                 with gr.Accordion("External engines (vLLM, SGLang, llama.cpp)", open=False):
                     external.build(ctx.external, plan_state)
 
-    def on_launch(data: dict, progress: gr.Progress = gr.Progress(track_tqdm=True)) -> str:  # noqa: B008
-        form = {name: data[component] for name, component in inputs.items()}
+    def on_launch(data: dict, progress: gr.Progress = gr.Progress()) -> str:  # noqa: B008 (Gradio's idiom)
         authorize = functools.partial(authorize_launch, ctx, data[admin])
         # the status refreshes right after
-        return launch_engine(holder, form, progress=progress, authorize=authorize)[0]
+        return launch_engine(holder, form_values_of(inputs, data), progress=progress, authorize=authorize)[0]
 
     def on_stop(token: str | None) -> tuple[str, str]:
         return stop_engine(holder, authorize=functools.partial(ctx.policy.check_admin, token))
 
     launch.click(
-        on_launch, {*inputs.values(), admin}, message, concurrency_limit=None, api_name="launch"
+        on_launch, {*inputs.values(), admin}, message_box, concurrency_limit=None, api_name="launch"
     ).then(lambda: status_html(holder), None, status)
-    stop.click(on_stop, admin, [message, status], api_name="stop")
-    plan_fields = ["model", "dtype", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"]
-    from_plan.click(
-        settings_from_plan,
-        plan_state,
-        [*(inputs[name] for name in plan_fields), inputs["enable_prefix_caching"], message],
-    )
+    stop.click(on_stop, admin, [message_box, status], api_name="stop")
     timer = gr.Timer(2.0)  # another tab may launch or stop the shared engine: keep this view current
     timer.tick(lambda: status_html(holder), None, status, show_progress="hidden")
     demo.load(lambda: status_html(holder), None, status)
+    return LaunchPanel(inputs, admin, message_box, status, on_launch)

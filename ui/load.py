@@ -12,7 +12,7 @@ from typing import Any
 
 import gradio as gr
 
-from ui.common import AppContext, describe, error_message, ok_message, required_int
+from ui.common import AppContext, describe, error_message, message, ok_message, required_int
 
 MAX_LOAD_REQUESTS = 256
 SHARED_SYSTEM = (
@@ -83,7 +83,7 @@ async def fire_load(ctx: AppContext, num_requests: Any, max_tokens: Any) -> Asyn
     tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(prompts)]
     loop = asyncio.get_running_loop()
     started, finished, generated, failures = loop.time(), 0, 0, []
-    yield f"<div class='msg msg-info' id='load-status'>{n} requests sent…</div>"
+    yield message("info", f"{n} requests sent…", elem_id="load-status")
     try:
         for next_done in asyncio.as_completed(tasks):
             try:
@@ -91,7 +91,7 @@ async def fire_load(ctx: AppContext, num_requests: Any, max_tokens: Any) -> Asyn
             except Exception as exc:  # e.g. the engine was stopped: report, keep the UI alive
                 failures.append(describe(exc))
             finished += 1
-            yield f"<div class='msg msg-info' id='load-status'>{finished}/{n} finished…</div>"
+            yield message("info", f"{finished}/{n} finished…", elem_id="load-status")
     finally:
         for task in tasks:
             task.cancel()  # no-op for finished ones; aborts the rest if this handler is cancelled
@@ -106,8 +106,10 @@ async def fire_load(ctx: AppContext, num_requests: Any, max_tokens: Any) -> Asyn
 
 def build(ctx: AppContext) -> None:
     with gr.Row():
-        n = gr.Number(32, label="Concurrent requests", precision=0, elem_id="load-n", scale=1)
-        tokens = gr.Number(128, label="Max tokens each", precision=0, elem_id="load-tokens", scale=1)
+        n = gr.Number(32, label="Concurrent requests", precision=0, minimum=1, elem_id="load-n", scale=1)
+        tokens = gr.Number(
+            128, label="Max tokens each", precision=0, minimum=1, elem_id="load-tokens", scale=1
+        )
         fire = gr.Button("Fire load", elem_id="load-fire", scale=1)
     status = gr.HTML(elem_id="load-message")
 

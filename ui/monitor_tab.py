@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 import gradio as gr
@@ -9,72 +10,48 @@ import gradio as gr
 from backend.bench.monitor import metrics_url
 from backend.url_guard import URLGuard
 from ui import charts
-from ui.common import AppContext, error_message, info_message, percent, tok_s
+from ui.common import AppContext, error_message, info_message, message, percent, tok_s
 
 MAX_SAMPLES = 180
 
 
-class Pollers:
-    """One MetricsPoller per browser session (each keeps its previous counters to compute rates)."""
-
-    def __init__(self) -> None:
-        self._by_session: dict[str, Any] = {}
-
-    def start(self, session: str, url: str, guard: URLGuard, api_key: str | None = None) -> Any:
-        from backend.bench.monitor import MetricsPoller
-
-        poller = MetricsPoller(url, api_key, transport=guard.transport())
-        self._by_session[session] = poller
-        return poller
-
-    def get(self, session: str) -> Any | None:
-        return self._by_session.get(session)
-
-    def stop(self, session: str) -> None:
-        self._by_session.pop(session, None)
-
-
 def summary_html(sample: dict[str, Any]) -> str:
-    return (
-        f"<div class='msg msg-info' id='monitor-now'>engine <b>{sample.get('engine')}</b> · "
+    body = (
+        f"engine <b>{html.escape(str(sample.get('engine')))}</b> · "
         f"running <b>{sample.get('num_requests_running')}</b> · "
         f"waiting <b>{sample.get('num_requests_waiting')}</b> · "
         f"KV cache <b>{percent(sample.get('kv_cache_usage'))}</b> · generation "
         f"<b>{tok_s(sample.get('generation_tokens_per_s'))}</b> · prefix hits "
-        f"<b>{percent(sample.get('prefix_cache_hit_rate'))}</b></div>"
+        f"<b>{percent(sample.get('prefix_cache_hit_rate'))}</b>"
     )
+    return message("info", body_html=body, elem_id="monitor-now")
 
 
-def start_monitor(pollers: Pollers, session: str, url: str, ctx: AppContext | None = None) -> tuple:
-    """(timer update, message, samples). Polls once at once so a wrong or refused URL is reported here.
+def start_monitor(url: str, ctx: AppContext | None = None) -> tuple:
+    """(timer update, message, samples, poller or None). Polls once at once so a wrong or refused URL is
+    reported here. The poller lives in the browser session's gr.State (it keeps the previous counters to
+    compute rates) and goes with the session.
 
     In public mode ctx's guard refuses what a visitor may not fetch; this app's own API key is sent
     only to this app's own /metrics."""
+    from backend.bench.monitor import MetricsPoller
+
     url = (url or "").strip()
+    off = gr.Timer(active=False)
     if not url.startswith(("http://", "https://")):
-        return (
-            gr.Timer(active=False),
-            error_message(f"URL must start with http:// or https://, got {url!r}"),
-            [],
-        )
+        return off, error_message(f"URL must start with http:// or https://, got {url!r}"), [], None
     guard, key = (ctx.guard, ctx.key_for(metrics_url(url))) if ctx is not None else (URLGuard(), None)
-    sample = pollers.start(session, url, guard, key).poll()
+    poller = MetricsPoller(url, key, transport=guard.transport())
+    sample = poller.poll()
     if sample.get("error"):  # unreachable host, HTTP error, not a metrics page
-        pollers.stop(session)
-        return gr.Timer(active=False), error_message(f"cannot read metrics: {sample['error']}"), []
+        return off, error_message(f"cannot read metrics: {sample['error']}"), [], None
     if sample["engine"] == "unknown":
-        pollers.stop(session)
-        return (
-            gr.Timer(active=False),
-            error_message(f"{url} answers, but with no metrics of a known engine"),
-            [],
-        )
-    return gr.Timer(active=True), summary_html(sample), [sample]
+        return off, error_message(f"{url} answers, but with no metrics of a known engine"), [], None
+    return gr.Timer(active=True), summary_html(sample), [sample], poller
 
 
-def poll_monitor(pollers: Pollers, session: str, samples: list[dict[str, Any]]) -> tuple:
+def poll_monitor(poller: Any, samples: list[dict[str, Any]]) -> tuple:
     """Timer handler: (message, chart, samples)."""
-    poller = pollers.get(session)
     if poller is None:
         return gr.skip(), gr.skip(), gr.skip()
     sample = poller.poll()
@@ -85,8 +62,8 @@ def poll_monitor(pollers: Pollers, session: str, samples: list[dict[str, Any]]) 
 
 
 def build(ctx: AppContext) -> None:
-    pollers = Pollers()
     samples = gr.State([])
+    poller = gr.State(None)  # this browser session's MetricsPoller; Gradio drops it with the session
     gr.Markdown("Watch any OpenAI-compatible server through its Prometheus `/metrics` endpoint.")
     with gr.Row():
         url = gr.Textbox(
@@ -94,20 +71,16 @@ def build(ctx: AppContext) -> None:
         )
         start = gr.Button("Start", variant="primary", scale=1, elem_id="monitor-start")
         stop = gr.Button("Stop", scale=1)
-    message = gr.HTML(info_message("Not polling."), elem_id="monitor-message")
+    message_box = gr.HTML(info_message("Not polling."), elem_id="monitor-message")
     chart = gr.Plot(label="Live metrics", elem_id="monitor-chart")
     timer = gr.Timer(1.0, active=False)
 
-    def on_start(url_text: str, request: gr.Request) -> tuple:
-        return start_monitor(pollers, request.session_hash or "", url_text, ctx)
+    def on_start(url_text: str) -> tuple:
+        return start_monitor(url_text, ctx)
 
-    def on_tick(history: list, request: gr.Request) -> tuple:
-        return poll_monitor(pollers, request.session_hash or "", history)
+    def on_stop() -> tuple:
+        return gr.Timer(active=False), info_message("Stopped polling."), None
 
-    def on_stop(request: gr.Request) -> tuple:
-        pollers.stop(request.session_hash or "")
-        return gr.Timer(active=False), info_message("Stopped polling.")
-
-    start.click(on_start, url, [timer, message, samples], api_name="monitor_start")
-    timer.tick(on_tick, samples, [message, chart, samples], show_progress="hidden")
-    stop.click(on_stop, None, [timer, message])
+    start.click(on_start, url, [timer, message_box, samples, poller], api_name="monitor_start")
+    timer.tick(poll_monitor, [poller, samples], [message_box, chart, samples], show_progress="hidden")
+    stop.click(on_stop, None, [timer, message_box, poller])

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
 
-from backend.planner.request import ENGINES
+from backend.planner.request import ENGINES, PlanRequest
 from ui import charts
 from ui.common import (
     AppContext,
     describe,
     error_message,
+    form_values,
     gib,
     info_message,
+    message,
     ms,
     optional_int,
     required_int,
@@ -25,40 +28,26 @@ from ui.common import (
 DEFAULT_PRESET = "meta-llama/Llama-3.1-8B-Instruct"
 
 
-def plan_request(
-    model,
-    gpu,
-    num_gpus,
-    tp,
-    pp,
-    quant,
-    kv_dtype,
-    max_model_len,
-    input_len,
-    output_len,
-    concurrency,
-    utilization,
-    engine,
-):
-    """The form as a PlanRequest; ValueError naming the field for anything the form cannot hold."""
-    from backend.planner import PlanRequest
-
-    if not (model or "").strip():
+def plan_request(form: dict[str, Any]) -> PlanRequest:
+    """The form (field name -> value) as a PlanRequest; ValueError naming the field for anything the
+    form cannot hold. Empty optional numbers mean automatic."""
+    model = str(form["model"] or "").strip()
+    if not model:
         raise ValueError("model is required: a preset, a Hub id, a local folder or a .gguf file")
     return PlanRequest(
-        model=model.strip(),
-        gpu=gpu,
-        num_gpus=required_int(num_gpus, "number of GPUs"),
-        tp=optional_int(tp, "tensor parallel size"),
-        pp=required_int(pp, "pipeline parallel size"),
-        quant=quant,
-        kv_cache_dtype=kv_dtype,
-        max_model_len=optional_int(max_model_len, "max_model_len"),
-        input_len=required_int(input_len, "input length (tokens)"),
-        output_len=required_int(output_len, "output length (tokens)"),
-        concurrency=required_int(concurrency, "concurrency"),
-        gpu_memory_utilization=float(utilization),
-        engine=engine,
+        model=model,
+        gpu=form["gpu"],
+        num_gpus=required_int(form["num_gpus"], "number of GPUs"),
+        tp=optional_int(form["tp"], "tensor parallel size"),
+        pp=required_int(form["pp"], "pipeline parallel size"),
+        quant=form["quant"],
+        kv_cache_dtype=form["kv_dtype"],
+        max_model_len=optional_int(form["max_len"], "max_model_len"),
+        input_len=required_int(form["input_len"], "input length (tokens)"),
+        output_len=required_int(form["output_len"], "output length (tokens)"),
+        concurrency=required_int(form["concurrency"], "concurrency"),
+        gpu_memory_utilization=float(form["util"]),
+        engine=form["engine"],
     )
 
 
@@ -94,46 +83,47 @@ def badge_html(est: dict[str, Any]) -> str:
         badge = "<span class='badge badge-nofit'>✗ Does not fit</span>"
     badge += f" <span id='plan-fit-reason'>{html.escape(est['fit_reason'])}</span>"
     notes = [*est.get("fixes", []), *est.get("warnings", [])]
-    return badge + "".join(f"<div class='msg msg-info'>{html.escape(n)}</div>" for n in notes)
+    return badge + "".join(message("info", n) for n in notes)
 
 
-def estimate_plan(*form, ctx: AppContext | None = None):
+def estimate_plan(form: dict[str, Any], ctx: AppContext | None = None) -> tuple:
     """Handler for every input change; with ctx, its policy decides which models a visitor may name.
 
     Returns (badge, kpis, memory figure, GPU comparison, recommendation, message, plan as a dict)."""
     from backend.planner import compare_gpus, estimate, recommend
 
     try:
-        name = str(form[0] or "").strip()
+        name = str(form["model"] or "").strip()
         if ctx is not None and name:  # public mode: presets, the app's own model and Hub ids, never a path
             ctx.policy.check_model_name(name, presets=(ctx.default_model,))
-        req = plan_request(*form[:13])
+        req = plan_request(form)
         est = estimate(req).to_dict()
         rows = [e.to_dict() for e in compare_gpus(req)]
-        best = recommend(req, ttft_s=_seconds(form[13]), tpot_s=_seconds(form[14]))
+        best = recommend(req, ttft_s=_seconds(form["ttft"]), tpot_s=_seconds(form["tpot"]))
     # every planner error (unknown model or GPU, lengths beyond the model's limit) becomes the message
     except Exception as exc:
-        message = error_message(describe(exc))
-        return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), message, gr.skip()
-    if best is None:
-        rec = (
-            "**Recommendation:** no catalog GPU meets these targets; relax the TTFT/TPOT targets or quantize."
-        )
-    else:
-        b = best.to_dict()
-        rec = (
-            f"**Recommendation** (cheapest that fits the workload and targets): "
-            f"{b['num_gpus']} × {b['gpu']}, {b['quant']} — "
-            f"{tok_s(b['decode_tokens_per_s_total'])}, {usd_per_m(b['cost_per_million_output_tokens'])}"
-        )
+        return (*(gr.skip(),) * 5, error_message(describe(exc)), gr.skip())
     return (
         badge_html(est),
         kpi_html(est),
         charts.memory_figure(est, req.gpu),
         charts.gpu_compare_figure(rows),
-        rec,
+        recommendation_text(best),
         "",
         req.to_dict(),
+    )
+
+
+def recommendation_text(best: Any) -> str:
+    if best is None:
+        return (
+            "**Recommendation:** no catalog GPU meets these targets; relax the TTFT/TPOT targets or quantize."
+        )
+    b = best.to_dict()
+    return (
+        f"**Recommendation** (cheapest that fits the workload and targets): "
+        f"{b['num_gpus']} × {b['gpu']}, {b['quant']} — "
+        f"{tok_s(b['decode_tokens_per_s_total'])}, {usd_per_m(b['cost_per_million_output_tokens'])}"
     )
 
 
@@ -189,55 +179,80 @@ def with_checkpoint(plan: dict[str, Any] | None, checkpoint: str) -> dict[str, A
     return {**plan, "checkpoint": (checkpoint or "").strip() or None} if plan else plan
 
 
-def build(ctx: AppContext, demo: gr.Blocks) -> gr.State:
-    """The Plan tab; returns the state holding the last valid PlanRequest (as a dict) for other tabs."""
+@dataclass(slots=True)
+class PlanPanel:
+    """What the app wires to other tabs: the plan state and the "Launch this plan here" controls."""
+
+    plan_state: gr.State
+    launch_here: gr.Button
+    verdict: gr.HTML
+    alternative: gr.Button
+
+
+def build(ctx: AppContext, demo: gr.Blocks) -> PlanPanel:
+    """The Plan tab; its state holds the last valid PlanRequest (as a dict) for other tabs."""
     from backend.planner import list_gpus, list_kv_cache_dtypes, list_presets, list_quantizations
 
-    presets = list_presets()
     plan_state = gr.State(None)
     with gr.Row():
-        with gr.Column(scale=2):
+        with gr.Column(scale=2, elem_id="plan-form"):
             hub = gr.HTML(elem_id="hub-badge")
-            model = gr.Dropdown(
-                [*presets, ctx.default_model],
-                value=DEFAULT_PRESET,
-                label="Model",
-                allow_custom_value=True,
-                info="a preset, a Hub id, a local model folder or a .gguf file",
-                elem_id="plan-model",
-            )
+            form: dict[str, Any] = {
+                "model": gr.Dropdown(
+                    [*list_presets(), ctx.default_model],
+                    value=DEFAULT_PRESET,
+                    label="Model",
+                    allow_custom_value=True,
+                    info="a preset, a Hub id, a local model folder or a .gguf file",
+                    elem_id="plan-model",
+                )
+            }
             with gr.Row():
                 query = gr.Textbox(label="Search the Hub", placeholder="e.g. llama 3.1 8b", scale=3)
                 search = gr.Button("Search", scale=1)
             with gr.Row():
-                quant = gr.Dropdown(
+                form["quant"] = gr.Dropdown(
                     ["auto", *list_quantizations()], value="auto", label="Weights (auto = as stored)"
                 )
-                kv_dtype = gr.Dropdown(list_kv_cache_dtypes(), value="auto", label="KV cache dtype")
+                form["kv_dtype"] = gr.Dropdown(list_kv_cache_dtypes(), value="auto", label="KV cache dtype")
             checkpoint = gr.Textbox(
                 label="Quantized checkpoint (for the export)",
                 info="the Hub id or path holding weights in this quantization; empty = the model itself",
                 elem_id="plan-checkpoint",
             )
             with gr.Row():
-                gpu = gr.Dropdown(
+                form["gpu"] = gr.Dropdown(
                     list_gpus(), value="H100-80GB", label="GPU", allow_custom_value=True, elem_id="plan-gpu"
                 )
-                num_gpus = gr.Number(1, label="GPUs", precision=0)
-                tp = gr.Number(0, label="Tensor parallel (0 = all GPUs)", precision=0)
-                pp = gr.Number(1, label="Pipeline parallel", precision=0)
+                form["num_gpus"] = gr.Number(1, label="GPUs", precision=0, minimum=1)
+                form["tp"] = gr.Number(
+                    None, label="Tensor parallel (empty = all GPUs)", precision=0, minimum=1
+                )
+                form["pp"] = gr.Number(1, label="Pipeline parallel", precision=0, minimum=1)
             with gr.Row():
-                max_len = gr.Number(0, label="max_model_len (0 = model limit)", precision=0)
-                input_len = gr.Number(1024, label="Input tokens / request", precision=0)
-                output_len = gr.Number(256, label="Output tokens / request", precision=0)
-                concurrency = gr.Number(16, label="Concurrent requests", precision=0)
+                form["max_len"] = gr.Number(
+                    None, label="max_model_len (empty = model limit)", precision=0, minimum=1
+                )
+                form["input_len"] = gr.Number(1024, label="Input tokens / request", precision=0, minimum=1)
+                form["output_len"] = gr.Number(256, label="Output tokens / request", precision=0, minimum=1)
+                form["concurrency"] = gr.Number(16, label="Concurrent requests", precision=0, minimum=1)
             with gr.Row():
-                util = gr.Slider(0.5, 1.0, value=0.92, step=0.01, label="gpu_memory_utilization")
-                engine = gr.Dropdown(list(ENGINES), value="vllm", label="Serving engine")
+                form["util"] = gr.Slider(0.5, 1.0, value=0.92, step=0.01, label="gpu_memory_utilization")
+                form["engine"] = gr.Dropdown(list(ENGINES), value="vllm", label="Serving engine")
             with gr.Row():
-                ttft = gr.Number(0, label="Target TTFT (ms, 0 = none)")
-                tpot = gr.Number(0, label="Target time per output token (ms, 0 = none)")
-            message = gr.HTML(elem_id="plan-message")
+                form["ttft"] = gr.Number(None, label="Target TTFT (ms, empty = none)", minimum=1)
+                form["tpot"] = gr.Number(
+                    None, label="Target time per output token (ms, empty = none)", minimum=1
+                )
+            message_box = gr.HTML(elem_id="plan-message")
+            with gr.Row():
+                launch_here = gr.Button(
+                    "Launch this plan here", variant="primary", elem_id="plan-launch-here"
+                )
+                alternative = gr.Button(
+                    "Launch the suggestion instead", visible=False, elem_id="plan-alternative"
+                )
+            verdict = gr.HTML(elem_id="plan-verdict")
         with gr.Column(scale=3):
             badge = gr.HTML(elem_id="plan-badge")
             kpis = gr.HTML(elem_id="plan-kpis")
@@ -245,35 +260,18 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.State:
     compare = gr.Plot(label="GPU comparison", elem_id="plan-compare")
     recommendation = gr.Markdown(elem_id="plan-recommendation")
 
-    form = [
-        model,
-        gpu,
-        num_gpus,
-        tp,
-        pp,
-        quant,
-        kv_dtype,
-        max_len,
-        input_len,
-        output_len,
-        concurrency,
-        util,
-        engine,
-        ttft,
-        tpot,
-    ]
-    outputs = [badge, kpis, memory, compare, recommendation, message, plan_state]
+    outputs = [badge, kpis, memory, compare, recommendation, message_box, plan_state]
 
-    def on_change(*values: Any) -> tuple:
-        return estimate_plan(*values, ctx=ctx)
+    def on_change(data: dict) -> tuple:
+        return estimate_plan(form_values(form, data), ctx=ctx)
 
-    for control in form:
-        control.change(on_change, form, outputs, show_progress="hidden").then(
+    for control in form.values():
+        control.change(on_change, set(form.values()), outputs, show_progress="hidden").then(
             with_checkpoint, [plan_state, checkpoint], plan_state
         )
     checkpoint.change(with_checkpoint, [plan_state, checkpoint], plan_state)
-    for control in (model, quant):
-        control.change(checkpoint_hint, [model, quant], checkpoint, show_progress="hidden")
-    search.click(search_hub, query, [model, message])
-    demo.load(on_change, form, outputs).then(hub_status, None, [hub, query, search])
-    return plan_state
+    for control in (form["model"], form["quant"]):
+        control.change(checkpoint_hint, [form["model"], form["quant"]], checkpoint, show_progress="hidden")
+    search.click(search_hub, query, [form["model"], message_box])
+    demo.load(on_change, set(form.values()), outputs).then(hub_status, None, [hub, query, search])
+    return PlanPanel(plan_state, launch_here, verdict, alternative)

@@ -9,6 +9,7 @@ import torch
 
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
+from backend.engine.load_phases import LoadPhases
 from backend.engine.outputs import RequestOutput
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.stats import EngineStats
@@ -17,10 +18,11 @@ Prompt = str | list[int]
 
 
 class LLM:
-    def __init__(self, model: str, **kwargs: Any) -> None:
-        """kwargs: any EngineConfig field (dtype, max_num_seqs, num_kv_blocks, ...); others are refused."""
+    def __init__(self, model: str, phases: LoadPhases | None = None, **kwargs: Any) -> None:
+        """kwargs: any EngineConfig field (dtype, max_num_seqs, num_kv_blocks, ...); others are refused.
+        phases, if given, records where the load's time goes (load_phases.py)."""
         config = EngineConfig.from_kwargs(model, **kwargs)
-        self.llm_engine = LLMEngine(config)
+        self.llm_engine = LLMEngine(config, phases)
         self._request_ids = itertools.count()
 
     @property

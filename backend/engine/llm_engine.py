@@ -6,11 +6,13 @@ import logging
 import time
 from typing import Any
 
+from backend.engine import cpu_kernels
 from backend.engine.block_manager import BlockManager
 from backend.engine.config import EngineConfig
 from backend.engine.detokenizer import IncrementalDetokenizer
 from backend.engine.device import kv_cache_budget_bytes, resolve_device, resolve_dtype
 from backend.engine.fault_injection import fault_injector_from_env
+from backend.engine.load_phases import LoadPhases
 from backend.engine.loader import load_model, rope_tables
 from backend.engine.model_runner import ModelRunner
 from backend.engine.output_processor import append_token, token_logprobs
@@ -28,12 +30,15 @@ log = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, phases: LoadPhases | None = None) -> None:
+        phases = phases if phases is not None else LoadPhases()
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        with phases.phase("load CPU kernels"):  # compiled on first use, then cached (cpu_kernels.py)
+            cpu_kernels.supports(self.device, self.dtype)
         loaded = load_model(
-            config.model, self.dtype, self.device, config.trust_remote_code, config.dequantize_weights
+            config.model, self.dtype, self.device, config.trust_remote_code, config.dequantize_weights, phases
         )
         self.quantization = loaded.quantization
         self.model_name, self.tokenizer, self.eos_token_ids = (
@@ -44,10 +49,11 @@ class LLMEngine:
         self.hf_config = loaded.hf_config
         model = loaded.model
         self.weights_bytes = model.weights_bytes()
-        num_blocks, self.max_model_len = self._size_kv_pool(model)
-        cos, sin = rope_tables(self.hf_config, model.args.head_dim, self.max_model_len)
-        model.rope_cos, model.rope_sin = cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
-        self.runner = ModelRunner(model, num_blocks, config.block_size, config.kv_cache_dtype)
+        with phases.phase("allocate KV cache"):
+            num_blocks, self.max_model_len = self._size_kv_pool(model)
+            cos, sin = rope_tables(self.hf_config, model.args.head_dim, self.max_model_len)
+            model.rope_cos, model.rope_sin = cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
+            self.runner = ModelRunner(model, num_blocks, config.block_size, config.kv_cache_dtype)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.sampler = Sampler(config.seed)
         self.speculator = make_speculator(self, num_blocks)

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from backend.engine.gguf_cache import config_and_tokenizer
+from backend.engine.load_phases import LoadPhases
 from backend.engine.models.llama import FUSED, LlamaForCausalLM, ModelArgs
 from backend.engine.quantization.gguf_reader import QuantizedWeight, read_gguf_tensors
 from backend.engine.quantization.gptq_awq import METHODS, PackedWeight, take_packed
@@ -87,18 +89,6 @@ def read_gguf(folder: str, gguf_file: str, trust_remote_code: bool) -> tuple[Any
         folder, gguf_file=gguf_file, dtype=torch.float32, trust_remote_code=trust_remote_code
     )
     return hf_model.config, hf_model.state_dict()
-
-
-def read_gguf_quantized(
-    folder: str, gguf_file: str, trust_remote_code: bool
-) -> tuple[Any, dict[str, torch.Tensor], dict[str, QuantizedWeight]]:
-    """(config, plain tensors, quantized weights) of a GGUF file, its quantized tensors kept as stored."""
-    from transformers import AutoConfig
-
-    hf_config = AutoConfig.from_pretrained(folder, gguf_file=gguf_file, trust_remote_code=trust_remote_code)
-    architecture_of(hf_config)
-    plain, quantized = read_gguf_tensors(str(Path(folder) / gguf_file), hf_config)
-    return hf_config, plain, quantized
 
 
 def describe_quantization(quantized: dict[str, Part], hf_config: Any = None) -> str | None:
@@ -205,24 +195,51 @@ def load_model(
     device: torch.device,
     trust_remote_code: bool = False,
     dequantize_weights: bool = False,
+    phases: LoadPhases | None = None,
 ) -> LoadedModel:
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-
+    phases = phases if phases is not None else LoadPhases()
     folder, gguf_file = resolve_model(model)
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    quantized: dict[str, Part] = {}
-    if gguf_file and not dequantize_weights:
-        hf_config, state, gguf_quantized = read_gguf_quantized(folder, gguf_file, trust_remote_code)
-        quantized = dict(gguf_quantized)
-    elif gguf_file:  # parsing a GGUF file is slow: read the config and the weights in one pass
-        hf_config, state = read_gguf(folder, gguf_file, trust_remote_code)
-        architecture_of(hf_config)
-    else:
-        hf_config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    with phases.phase("read config and tokenizer"):
+        hf_config, tokenizer = read_config_and_tokenizer(folder, gguf_file, trust_remote_code)
         architecture_of(hf_config)  # fail fast, before reading weights
-        state = read_state_dict(folder)
-        quantized = read_packed(state, hf_config, dequantize_weights)
-    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code, **kwargs)
+    quantized: dict[str, Part] = {}
+    with phases.phase("read weights"):
+        if gguf_file and not dequantize_weights:  # quantized tensors kept as stored
+            state, gguf_quantized = read_gguf_tensors(str(Path(folder) / gguf_file), hf_config)
+            quantized = dict(gguf_quantized)
+        elif gguf_file:
+            state = read_gguf(folder, gguf_file, trust_remote_code)[1]
+        else:
+            state = read_state_dict(folder)
+            quantized = read_packed(state, hf_config, dequantize_weights)
+    with phases.phase("build model and install weights"):
+        net = build_model(hf_config, state, quantized, dtype, device)
+    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    eos |= generation_eos(folder, gguf_file, hf_config)
+    name = Path(gguf_file).name.split(".")[0] if gguf_file else Path(model.rstrip("/")).name
+    return LoadedModel(
+        net.eval(), hf_config, tokenizer, name, sorted(eos), describe_quantization(quantized, hf_config)
+    )
+
+
+def read_config_and_tokenizer(folder: str, gguf_file: str | None, trust_remote_code: bool) -> tuple[Any, Any]:
+    """A GGUF's from the conversion cache (gguf_cache.py); a folder's as transformers reads them."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if gguf_file:
+        return config_and_tokenizer(str(Path(folder) / gguf_file), trust_remote_code)[:2]
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    return config, AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+
+
+def build_model(
+    hf_config: Any,
+    state: dict[str, torch.Tensor],
+    quantized: dict[str, Part],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> LlamaForCausalLM:
+    """The model built on the meta device, then filled: quantized layers installed, the rest copied."""
     args = model_args(hf_config, {**state, **quantized})
     with torch.device("meta"):
         net = LlamaForCausalLM(args)
@@ -235,15 +252,18 @@ def load_model(
             weight.data = weight.data.to(device)
     state |= install_quantized(net, quantized, FUSED)
     net.load_hf_state_dict(state)
-    del state
+    state.clear()
     net.prepare_weights()
-    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    return net
+
+
+def generation_eos(folder: str, gguf_file: str | None, hf_config: Any) -> set[int]:
+    """End-of-sequence ids from generation_config.json, else from the model config."""
+    from transformers import GenerationConfig
+
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     try:
         gen_eos = GenerationConfig.from_pretrained(folder, **kwargs).eos_token_id
     except OSError:
         gen_eos = getattr(hf_config, "eos_token_id", None)
-    eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
-    name = Path(gguf_file).name.split(".")[0] if gguf_file else Path(model.rstrip("/")).name
-    return LoadedModel(
-        net.eval(), hf_config, tokenizer, name, sorted(eos), describe_quantization(quantized, hf_config)
-    )
+    return set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])

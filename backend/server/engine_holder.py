@@ -23,6 +23,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from backend.engine.config import EngineConfig
+from backend.engine.load_phases import LoadPhase, LoadPhases
 from backend.engine.stats import EngineStats
 
 if TYPE_CHECKING:
@@ -46,12 +47,14 @@ class EngineStatus:
     error: str  # why the last launch failed ("" when it did not); with state "ready" the old engine serves
     load_seconds: float  # time spent loading (so far, while loading)
     serving: EngineConfig | None = None  # the engine answering requests now, if any (also while loading)
+    phase: str = ""  # while loading: the phase under way (load_phases.PHASES)
+    phases: tuple[LoadPhase, ...] = ()  # the last load's phases so far, timed
 
 
-def build_engine(config: EngineConfig) -> AsyncLLM:
-    from backend.engine import LLM, AsyncLLM  # torch loads on the first launch, not at app start
-
-    return AsyncLLM(LLM(**asdict(config)))
+def build_engine(config: EngineConfig, phases: LoadPhases) -> AsyncLLM:
+    with phases.phase("import torch and the engine"):
+        from backend.engine import LLM, AsyncLLM  # torch loads on the first launch, not at app start
+    return AsyncLLM(LLM(phases=phases, **asdict(config)))
 
 
 class EngineHolder:
@@ -59,7 +62,7 @@ class EngineHolder:
 
     def __init__(
         self,
-        engine_factory: Callable[[EngineConfig], AsyncLLM] = build_engine,
+        engine_factory: Callable[[EngineConfig, LoadPhases], AsyncLLM] = build_engine,
         drain_timeout_s: float = DRAIN_TIMEOUT_S,
     ) -> None:
         self._factory = engine_factory
@@ -72,6 +75,7 @@ class EngineHolder:
         self._error = ""
         self._load_started = 0.0
         self._load_seconds = 0.0
+        self._phases = LoadPhases()
         self._samples: deque[dict[str, Any]] = deque(maxlen=HISTORY_SECONDS)
         self._last_stats: EngineStats | None = None
 
@@ -89,19 +93,23 @@ class EngineHolder:
                 state = EngineState.FAILED
                 error = "the engine stopped after an internal error; launch it again"
             serving = self._config if engine is not None and not engine.errored else None
-            return EngineStatus(state, config, error, seconds, serving)
+            phases = self._phases
+            return EngineStatus(state, config, error, seconds, serving, phases.current, tuple(phases.done))
 
-    def launch(self, config: EngineConfig) -> EngineStatus:
+    def launch(
+        self, config: EngineConfig, on_phase: Callable[[str, float], None] | None = None
+    ) -> EngineStatus:
         """Load a new engine while the current one (if any) keeps serving, then swap them. Never raises for
         a failed load: the error is kept in the status and the current engine goes on serving. Raises
-        RuntimeError if another launch is still loading."""
+        RuntimeError if another launch is still loading. on_phase(name, fraction) hears each load phase."""
         with self._lock:
             if self._state == EngineState.LOADING:
                 raise RuntimeError("another launch is still loading; wait for it to finish")
             self._state, self._loading, self._error = EngineState.LOADING, config, ""
             self._load_started = time.monotonic()
+            self._phases = LoadPhases(on_phase)
         try:
-            engine = self._factory(config)
+            engine = self._factory(config, self._phases)
         except Exception as exc:  # any load failure (bad path, OOM, unsupported model) is shown, not raised
             with self._lock:
                 self._state = EngineState.READY if self._engine is not None else EngineState.FAILED

@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, dequantize
+from gguf import GGMLQuantizationType, dequantize
 
+from backend.engine import gguf_cache
 from backend.engine.quantization.gguf_blocks import KEPT_TYPES
 
 log = logging.getLogger(__name__)
@@ -71,15 +72,13 @@ def read_gguf_tensors(
     path: str, hf_config: Any
 ) -> tuple[dict[str, torch.Tensor], dict[str, QuantizedWeight]]:
     """(plain fp32 tensors, quantized weights) of a GGUF file, by transformers' parameter names."""
-    reader = GGUFReader(path)
-    field = reader.fields["general.architecture"]
-    architecture = bytes(field.parts[field.data[0]]).decode()
+    architecture, tensors = gguf_cache.tensors(path)  # the cached table, or one GGUFReader parse
     heads = {"attn_q": hf_config.num_attention_heads}
     heads["attn_k"] = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
     plain: dict[str, torch.Tensor] = {}
     quantized: dict[str, QuantizedWeight] = {}
     converted: Counter[str] = Counter()
-    for tensor in reader.tensors:
+    for tensor in tensors:
         if tensor.name in _SKIPPED:
             continue
         name, qtype = hf_name(tensor.name), GGMLQuantizationType(tensor.tensor_type)

@@ -1,0 +1,171 @@
+"""Can this machine run a plan on the embedded engine? The Plan tab's "Launch this plan here".
+
+decide() takes a plan over to an EngineConfig (model, dtype, block_size, max_num_seqs,
+max_num_batched_tokens, max_model_len, prefix caching) when this machine can run it, and otherwise says
+exactly why not: the weights are neither on this machine nor downloadable (no Hub access), the
+quantization needs a checkpoint stored that way, or the planner's own estimate for this machine (the
+embedded engine on this CPU, or on its GPU) needs more memory than is free. It then offers the nearest
+thing that runs: the largest smaller preset that fits (when the Hub answers), else the default model;
+and the Export tab for the plan's own GPUs. The machine (LocalHardware) and the Hub's reachability are
+arguments, so the decision is tested without either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from backend.default_model import DEFAULT_HUB_ID, DEFAULT_MODEL_NAME
+from backend.engine.config import EngineConfig, config_field
+from backend.planner.advise import estimate
+from backend.planner.catalog import list_presets
+from backend.planner.hardware import LocalHardware
+from backend.planner.request import PlanRequest
+
+GIB = 1024**3
+MIB = 1024**2
+DTYPES = {"auto": "auto", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+MIN_KV_BYTES = 256 * MIB  # the Launch tab's default pool (ui/launch_tab.py DEFAULT_KV_MIB)
+HEADROOM = 0.9  # share of free memory a launch may plan to use; the rest stays for the app and the OS
+
+
+@dataclass(slots=True)
+class LaunchDecision:
+    """The verdict on one plan for this machine."""
+
+    can_launch: bool
+    config: EngineConfig | None  # what Launch gets when can_launch
+    reasons: list[str]  # why not (empty when it can), each naming the numbers
+    notes: list[str] = field(default_factory=list)  # differences from the plan that do not stop it
+    alternative: EngineConfig | None = None  # the nearest thing that runs here
+    alternative_why: str = ""  # what the alternative is, in one line
+    export_hint: str = ""  # the plan's own deployment, through the Export tab
+    needed_bytes: int | None = None  # the planner's estimate for this machine
+    available_bytes: int = 0  # free memory of the device it would run on
+
+
+def is_local(model: str) -> bool:
+    return Path(model).expanduser().exists()
+
+
+def local_model(plan: PlanRequest, default_gguf: str | None) -> str:
+    """The weights to load: the quantized checkpoint named in the plan, else the model; the default
+    model's Hub id becomes its packaged GGUF when that is installed (the same model, no download)."""
+    model = plan.checkpoint or plan.model
+    return default_gguf if model == DEFAULT_HUB_ID and default_gguf else model
+
+
+def engine_config(plan: PlanRequest, model: str, dtype: str) -> EngineConfig:
+    """The plan's limits on the embedded engine; a KV pool for one max_model_len sequence at least."""
+    return EngineConfig(
+        model=model,
+        dtype=dtype,
+        block_size=plan.block_size,
+        max_num_seqs=plan.max_num_seqs or config_field("max_num_seqs").default,
+        max_num_batched_tokens=plan.max_num_batched_tokens or config_field("max_num_batched_tokens").default,
+        max_model_len=plan.max_model_len,
+        enable_prefix_caching=plan.enable_prefix_caching,
+        kv_cache_memory_bytes=MIN_KV_BYTES,
+    )
+
+
+def memory_needed(plan: PlanRequest, model: str, machine: LocalHardware) -> tuple[int, int, int]:
+    """(bytes the planner expects the embedded engine to need here, free bytes, KV pool bytes to ask)."""
+    gpu = next((g for g in machine.gpus if g.catalog_name), None)
+    quant = plan.quant if plan.quant in DTYPES or model.endswith(".gguf") else "auto"
+    local = replace(plan, model=model, gpu=gpu.catalog_name if gpu else "CPU", engine="embedded", quant=quant)
+    local = replace(local, num_gpus=1, tp=1, pp=1, dp=1, checkpoint=None)
+    est = estimate(local)
+    one_sequence = int(est.kv_bytes_per_token * (plan.max_model_len or plan.input_len + plan.output_len))
+    kv = max(MIN_KV_BYTES, one_sequence)
+    needed = int(est.weights_bytes + est.activation_bytes + est.overhead_bytes + kv)
+    return needed, gpu.memory_free_bytes if gpu else machine.ram_available_bytes, kv
+
+
+def check_weights(plan: PlanRequest, model: str, hub_online: bool) -> list[str]:
+    reasons = []
+    if not is_local(model) and not hub_online:
+        reasons.append(
+            f"no Hub access: {model} is not on this machine and the Hugging Face Hub is unreachable "
+            "(give a local folder or .gguf file in Model)"
+        )
+    if plan.quant not in DTYPES and not model.endswith(".gguf") and not plan.checkpoint:
+        reasons.append(
+            f"{plan.quant} weights need a checkpoint stored that way: name it in 'Quantized checkpoint', "
+            "or plan with bf16 to run the original weights here"
+        )
+    return reasons
+
+
+def decide(
+    plan: PlanRequest, machine: LocalHardware, hub_online: bool, default_gguf: str | None
+) -> LaunchDecision:
+    """Whether the embedded engine on this machine can run the plan, and what instead when not."""
+    model = local_model(plan, default_gguf)
+    reasons = check_weights(plan, model, hub_online)
+    notes = gpu_notes(plan, machine)
+    needed, available, kv = None, 0, MIN_KV_BYTES
+    try:
+        needed, available, kv = memory_needed(plan, model, machine)
+    except (ValueError, OSError) as exc:  # a model the planner cannot read here (offline, unknown)
+        reasons.append(f"the planner cannot size {model} on this machine: {exc}")
+    where = f"{machine.gpus[0].name} GPU" if machine.gpus else "this machine's RAM"
+    if needed is not None and needed > available * HEADROOM:
+        reasons.append(
+            f"not enough memory: the planner estimates {needed / GIB:.2f} GiB for {Path(model).name} "
+            f"on the embedded engine, and {where} has {available / GIB:.2f} GiB free "
+            f"({HEADROOM:.0%} usable)"
+        )
+    export = f"Export tab: launch files for {plan.engine} on {plan.num_gpus} × {plan.gpu}"
+    dtype = DTYPES.get(plan.quant, "auto")
+    if not reasons:
+        config = replace(engine_config(plan, model, dtype), kv_cache_memory_bytes=kv)
+        return LaunchDecision(
+            True, config, [], notes, export_hint=export, needed_bytes=needed, available_bytes=available
+        )
+    alternative, why = nearest_runnable(plan, machine, hub_online, default_gguf, needed)
+    return LaunchDecision(
+        False, None, reasons, notes, alternative, why, export, needed_bytes=needed, available_bytes=available
+    )
+
+
+def gpu_notes(plan: PlanRequest, machine: LocalHardware) -> list[str]:
+    if plan.gpu == "CPU":
+        return []
+    if not machine.gpus:
+        return [
+            f"no GPU here: the plan is for {plan.num_gpus} × {plan.gpu}, the embedded engine would run on "
+            f"this CPU ({machine.cpu_model}, {machine.cpu_cores_logical} cores), much slower"
+        ]
+    return [
+        f"runs on one {machine.gpus[0].name} with the embedded engine, not on {plan.num_gpus} × {plan.gpu}"
+    ]
+
+
+def nearest_runnable(
+    plan: PlanRequest, machine: LocalHardware, hub_online: bool, default_gguf: str | None, needed: int | None
+) -> tuple[EngineConfig | None, str]:
+    """The largest preset smaller than the plan's model that fits here (Hub needed), else the default."""
+    if hub_online:
+        fits = []
+        for preset in list_presets():
+            small = replace(plan, model=preset, quant="bf16", checkpoint=None)
+            try:
+                need, free, kv = memory_needed(small, preset, machine)
+            except (ValueError, OSError):
+                continue
+            if need <= free * HEADROOM and (needed is None or need < needed) and preset != plan.model:
+                fits.append((need, preset, kv))
+        if fits:  # the same family first (its organisation), then the largest
+            family = plan.model.split("/")[0]
+            need, preset, kv = max(fits, key=lambda fit: (fit[1].split("/")[0] == family, fit[0]))
+            config = replace(engine_config(plan, preset, "bfloat16"), kv_cache_memory_bytes=kv)
+            return config, f"{preset} in bf16, the largest preset that fits here ({need / GIB:.2f} GiB)"
+    model = default_gguf or DEFAULT_HUB_ID
+    if not default_gguf and not hub_online:
+        return None, ""
+    small = replace(plan, max_model_len=None, max_num_batched_tokens=None, max_num_seqs=None, quant="auto")
+    kind = "its packaged Q4_1 GGUF" if default_gguf else "from the Hub"
+    return engine_config(
+        small, model, "auto"
+    ), f"the default model {DEFAULT_MODEL_NAME} ({kind}), which runs here"
