@@ -86,6 +86,8 @@ def choose(page, elem_id: str, value: str) -> None:
     box.click()
     box.fill(value)
     page.locator("ul[role=listbox] li", has_text=value).first.click()
+    box.blur()  # close the list, as a user moving on does, so no option list stays over the form
+    page.locator("ul[role=listbox]").first.wait_for(state="hidden")
 
 
 def shot(page, name: str) -> None:

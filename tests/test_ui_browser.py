@@ -1,8 +1,8 @@
 """The web app in a real browser (Debian's chromium driven by Playwright), against `python app.py`.
 
 One app process serves the whole module; the tests run in file order and share one page, like a user
-going through the tabs: Plan -> Launch -> Chat (+ load) -> Benchmark -> Monitor -> Export. Each saves a
-screenshot of its tab to assets/screenshots/ (the README shows them).
+going through the tabs: Plan -> "Launch this plan here" -> Launch -> Chat (+ load) -> Benchmark -> Monitor
+-> Export. Each saves a screenshot of its tab to assets/screenshots/ (the README shows them).
 """
 
 from __future__ import annotations
@@ -32,11 +32,15 @@ def page(server):
         yield page
 
 
-def test_page_and_api_share_one_server(server):
+def test_page_and_api_share_one_server(server, page):
     assert "gradio" in httpx.get(server + "/").text.lower()
     response = httpx.get(server + "/v1/models")
     assert response.status_code == 503  # no engine launched yet: the API says so instead of hanging
     assert "error" in response.json()
+    header = page.locator("#app-header").inner_text()  # the OpenAI API is named in the header ...
+    assert f"{server}/v1" in header and "/v1/chat/completions" in header
+    assert page.get_by_text("Use via API").count() == 0  # ... and Gradio's own API link is not shown
+    assert "/v1/chat/completions" in httpx.get(server + "/openapi.json").text
 
 
 def test_plan_llama_8b_on_h100(page):
@@ -53,14 +57,23 @@ def test_plan_llama_8b_on_h100(page):
     assert f"{expected['kv_cache_bytes'] / 1024**3:,.2f} GiB" in kpis
     assert f"{expected['max_concurrency']:,} requests" in kpis
     page.wait_for_selector("#plan-memory .js-plotly-plot")
+    assert page.locator("ul[role=listbox]:visible").count() == 0  # no dropdown list left over the form
     shot(page, "plan")
 
 
-def test_launch_default_model(page, server):
-    open_tab(page, "Launch")
-    page.click("#launch-button")
+def test_launch_this_plan_here_explains_and_offers_the_default_model(page, server):
+    """The 8B plan cannot run here (no GPU, no Hub): the verdict says so, and the suggestion launches."""
+    page.click("#plan-launch-here")
+    page.wait_for_selector("#launch-verdict[data-can='0']")
+    verdict = page.locator("#launch-verdict").inner_text()
+    assert "no Hub access" in verdict and "no GPU here" in verdict and "Export tab" in verdict
+    shot(page, "plan-launch-here")
+    page.click("#plan-alternative")  # "Launch SmolLM2… instead": the Launch tab opens and loads it
+    page.wait_for_selector("#launch-button:visible")
     page.wait_for_selector("#engine-state[data-state=ready]", timeout=LOAD_S)
-    assert "SmolLM2-135M-Instruct" in page.locator("#launch-status").inner_text()
+    card = page.locator("#launch-status").inner_text()
+    assert "SmolLM2-135M-Instruct · GGUF Q4_1" in card and "site-packages" not in card
+    assert "read weights" in page.locator("#load-phases").inner_text()  # where the load time went
     other = page.context.new_page()  # a second browser tab sees the same, shared engine
     other.goto(server + "/")
     other.get_by_role("tab", name="Launch").click()

@@ -114,8 +114,12 @@ def build_server(ctx: AppContext) -> FastAPI:
 
 
 def preload_engine_modules() -> None:
-    """Import torch and the engine while the page loads, so the first Launch does not wait for it."""
-    import backend.engine.llm  # noqa: F401 (the import is the point)
+    """Import torch, the engine and transformers' loaders while the page loads, so that the first Launch
+    does not wait for them (seconds on a small CPU; the Launch card's phases show what is left)."""
+    import transformers.models.auto.configuration_auto
+    import transformers.models.auto.tokenization_auto  # noqa: F401 (the imports are the point)
+
+    import backend.engine.llm  # noqa: F401
 
 
 def _open_share_tunnel(host: str, port: int) -> None:

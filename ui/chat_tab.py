@@ -35,7 +35,7 @@ STATS_MARK = (
 
 def sampling_params(form: dict[str, Any]) -> SamplingParams:
     """The sampling controls as SamplingParams; ValueError (from SamplingParams) for a value out of range.
-    An empty seed means a random one."""
+    A seed of -1 means a random one."""
     from backend.server.tools_demo import schema_constraint
 
     stops = [s for s in (form["stop"] or "").split("\n") if s]
@@ -243,7 +243,7 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.Timer:
                     form["top_k"] = gr.Number(-1, label="top_k (-1 = off)", precision=0, minimum=-1)
                 with gr.Row():
                     form["max_tokens"] = gr.Number(256, label="max tokens", precision=0, minimum=1)
-                    form["seed"] = gr.Number(None, label="seed (empty = random)", precision=0, minimum=0)
+                    form["seed"] = gr.Number(-1, label="seed (-1 = random)", precision=0, minimum=-1)
                     form["stop"] = gr.Textbox("", label="stop strings (one per line)", lines=1)
         with gr.Column(scale=6):
             now = gr.HTML(live_now_html(None), elem_id="live-now-box")

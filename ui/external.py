@@ -113,9 +113,7 @@ def build(servers: ExternalServers, plan_state: Any) -> None:
             interactive=bool(ready),
             elem_id="external-engine",
         )
-        port = gr.Number(
-            None, label="Port (empty = a free one)", precision=0, minimum=1024, interactive=bool(ready)
-        )
+        port = gr.Number(0, label="Port (0 = a free one)", precision=0, minimum=0, interactive=bool(ready))
         source = gr.Radio([DEFAULT_MODEL, PLAN], value=DEFAULT_MODEL, label="Model and settings")
     with gr.Row():
         start_button = gr.Button(

@@ -10,6 +10,7 @@ from typing import Any
 import gradio as gr
 
 from backend.default_model import hub_reachable, packaged_gguf
+from backend.model_names import display_name
 from backend.planner import PlanRequest, detect_local_hardware
 from backend.planner.launch_here import LaunchDecision, decide
 from ui import launch_tab
@@ -40,7 +41,8 @@ def verdict_html(decision: LaunchDecision) -> str:
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in decision.notes)
     if decision.can_launch:
         assert decision.config is not None
-        text = f"Launching {html.escape(decision.config.model)} here with the plan's limits ({memory})."
+        name = html.escape(display_name(decision.config.model))
+        text = f"Launching {name} here with the plan's limits ({memory})."
         return message("ok", body_html=f"{text}<ul>{notes}</ul>", elem_id="launch-verdict", data={"can": 1})
     reasons = "".join(f"<li>{html.escape(r)}</li>" for r in decision.reasons)
     instead = (
@@ -63,7 +65,8 @@ def check_plan(plan: dict[str, Any] | None) -> tuple[str, Any, dict | None, dict
         return error_message(describe(exc)), gr.update(visible=False), None, None
     take = launch_tab.form_values(decision.config) if decision.config is not None else None
     other = launch_tab.form_values(decision.alternative) if decision.alternative is not None else None
-    button = gr.update(visible=other is not None, value=f"Launch {other['model'] if other else ''} instead")
+    label = f"Launch {display_name(other['model'])} instead" if other else ""
+    button = gr.update(visible=other is not None, value=label)
     return verdict_html(decision), button, take, other
 
 

@@ -72,8 +72,8 @@ def launch_config(form: dict[str, Any]) -> EngineConfig:
 
 
 def engine_input(f: Field, visible: bool = True) -> gr.components.Component:
-    """The form input for one EngineConfig field, built from its type and metadata; an optional number
-    left empty means automatic (its help says what that is)."""
+    """The form input for one EngineConfig field, built from its type and metadata. Gradio sends 0 for an
+    empty number, so an optional one takes 0 for unset (its help says what that means)."""
     label, info = FORM_LABELS.get(f.name, f.name), f.metadata["help"]
     value = form_defaults()[f.name]
     if cli_types()[f.name] is bool:
@@ -82,7 +82,8 @@ def engine_input(f: Field, visible: bool = True) -> gr.components.Component:
         return gr.Dropdown(list(f.metadata["choices"]), value=value, label=label, info=info)
     if cli_types()[f.name] is str:
         return gr.Textbox(value or "", label=label, info=info, placeholder="unset")
-    return gr.Number(value, label=label, info=info, precision=0, minimum=f.metadata["minimum"])
+    minimum = 0 if f.default is None else f.metadata["minimum"]
+    return gr.Number(value, label=label, info=info, precision=0, minimum=minimum)
 
 
 def form_values(config: EngineConfig) -> dict[str, Any]:

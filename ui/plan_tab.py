@@ -30,7 +30,7 @@ DEFAULT_PRESET = "meta-llama/Llama-3.1-8B-Instruct"
 
 def plan_request(form: dict[str, Any]) -> PlanRequest:
     """The form (field name -> value) as a PlanRequest; ValueError naming the field for anything the
-    form cannot hold. Empty optional numbers mean automatic."""
+    form cannot hold. 0 (what Gradio sends for an empty number) means automatic."""
     model = str(form["model"] or "").strip()
     if not model:
         raise ValueError("model is required: a preset, a Hub id, a local folder or a .gguf file")
@@ -222,16 +222,19 @@ def build(ctx: AppContext, demo: gr.Blocks) -> PlanPanel:
             )
             with gr.Row():
                 form["gpu"] = gr.Dropdown(
-                    list_gpus(), value="H100-80GB", label="GPU", allow_custom_value=True, elem_id="plan-gpu"
+                    list_gpus(),
+                    value="H100-80GB",
+                    label="GPU",
+                    allow_custom_value=True,
+                    elem_id="plan-gpu",
+                    scale=2,
                 )
                 form["num_gpus"] = gr.Number(1, label="GPUs", precision=0, minimum=1)
-                form["tp"] = gr.Number(
-                    None, label="Tensor parallel (empty = all GPUs)", precision=0, minimum=1
-                )
+                form["tp"] = gr.Number(0, label="Tensor parallel (0 = all GPUs)", precision=0, minimum=0)
                 form["pp"] = gr.Number(1, label="Pipeline parallel", precision=0, minimum=1)
             with gr.Row():
                 form["max_len"] = gr.Number(
-                    None, label="max_model_len (empty = model limit)", precision=0, minimum=1
+                    0, label="max_model_len (0 = model limit)", precision=0, minimum=0
                 )
                 form["input_len"] = gr.Number(1024, label="Input tokens / request", precision=0, minimum=1)
                 form["output_len"] = gr.Number(256, label="Output tokens / request", precision=0, minimum=1)
@@ -240,10 +243,8 @@ def build(ctx: AppContext, demo: gr.Blocks) -> PlanPanel:
                 form["util"] = gr.Slider(0.5, 1.0, value=0.92, step=0.01, label="gpu_memory_utilization")
                 form["engine"] = gr.Dropdown(list(ENGINES), value="vllm", label="Serving engine")
             with gr.Row():
-                form["ttft"] = gr.Number(None, label="Target TTFT (ms, empty = none)", minimum=1)
-                form["tpot"] = gr.Number(
-                    None, label="Target time per output token (ms, empty = none)", minimum=1
-                )
+                form["ttft"] = gr.Number(0, label="Target TTFT (ms, 0 = none)", minimum=0)
+                form["tpot"] = gr.Number(0, label="Target time per output token (ms, 0 = none)", minimum=0)
             message_box = gr.HTML(elem_id="plan-message")
             with gr.Row():
                 launch_here = gr.Button(

@@ -26,6 +26,8 @@ GIB = 1024**3
 MIB = 1024**2
 DTYPES = {"auto": "auto", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 MIN_KV_BYTES = 256 * MIB  # the Launch tab's default pool (ui/launch_tab.py DEFAULT_KV_MIB)
+DEFAULT_MAX_NUM_SEQS: int = config_field("max_num_seqs").default  # type: ignore[assignment]
+DEFAULT_MAX_NUM_BATCHED_TOKENS: int = config_field("max_num_batched_tokens").default  # type: ignore[assignment]
 HEADROOM = 0.9  # share of free memory a launch may plan to use; the rest stays for the app and the OS
 
 
@@ -61,8 +63,8 @@ def engine_config(plan: PlanRequest, model: str, dtype: str) -> EngineConfig:
         model=model,
         dtype=dtype,
         block_size=plan.block_size,
-        max_num_seqs=plan.max_num_seqs or config_field("max_num_seqs").default,
-        max_num_batched_tokens=plan.max_num_batched_tokens or config_field("max_num_batched_tokens").default,
+        max_num_seqs=plan.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+        max_num_batched_tokens=plan.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
         max_model_len=plan.max_model_len,
         enable_prefix_caching=plan.enable_prefix_caching,
         kv_cache_memory_bytes=MIN_KV_BYTES,
@@ -73,7 +75,8 @@ def memory_needed(plan: PlanRequest, model: str, machine: LocalHardware) -> tupl
     """(bytes the planner expects the embedded engine to need here, free bytes, KV pool bytes to ask)."""
     gpu = next((g for g in machine.gpus if g.catalog_name), None)
     quant = plan.quant if plan.quant in DTYPES or model.endswith(".gguf") else "auto"
-    local = replace(plan, model=model, gpu=gpu.catalog_name if gpu else "CPU", engine="embedded", quant=quant)
+    catalog = gpu.catalog_name if gpu is not None and gpu.catalog_name else "CPU"
+    local = replace(plan, model=model, gpu=catalog, engine="embedded", quant=quant)
     local = replace(local, num_gpus=1, tp=1, pp=1, dp=1, checkpoint=None)
     est = estimate(local)
     one_sequence = int(est.kv_bytes_per_token * (plan.max_model_len or plan.input_len + plan.output_len))
