@@ -193,7 +193,8 @@ def launch_engine(
     if status.error:
         still = f"; {status.serving.model} keeps serving" if status.serving else ""
         return error_message(f"Launch failed: {status.error}{still}"), status_html(holder)
-    ready = f"{name} ready in {status.load_seconds:.1f} s ({phases_text(status.phases)}) — open the Chat tab."
+    phases = phases_text(status.phases)
+    ready = f"Engine ready in {status.load_seconds:.1f} s: {name} ({phases}). Open the Chat tab."
     return ok_message(ready), status_html(holder)
 
 
