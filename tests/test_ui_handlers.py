@@ -20,7 +20,7 @@ from backend.export.supervisor import ExternalServers
 from backend.server.engine_holder import EngineHolder, build_engine
 from tests.common_utils import free_port
 from tests.engine_utils import tiny_model
-from ui import bench_tab, chat_tab, export_tab, external, launch_tab, load, monitor_tab, plan_tab
+from ui import bench_tab, chat_tab, compare_tab, export_tab, external, launch_tab, load, monitor_tab, plan_tab
 from ui.common import AppContext
 
 PLAN_FORM = dict(
@@ -321,6 +321,22 @@ def test_benchmark_of_embedded_engine_that_is_not_running(ctx):
     idle = AppContext(EngineHolder(), ctx.default_model, ctx.api_base)
     outputs = bench_tab.run(idle, {**BENCH, "target": bench_tab.EMBEDDED, "model": ""})
     assert is_error(outputs[0], "not running"), outputs[0]
+
+
+COMPARE = dict(chosen=["embedded"], url="", dataset="chat", num_prompts=4, concurrency=2, output_len=8)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("num_prompts", 0, ["requests"]),
+        ("chosen", ["embedded"], ["at least two targets"]),
+        ("chosen", ["embedded", "vllm"], ["vllm is not running"]),
+    ],
+)
+def test_compare_rejects_bad_input(ctx, field, value, words):
+    outputs = compare_tab.run(ctx, {**COMPARE, field: value})
+    assert is_error(outputs[0], *words), outputs[0]
 
 
 @pytest.mark.parametrize(

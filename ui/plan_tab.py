@@ -248,7 +248,10 @@ def build(ctx: AppContext, demo: gr.Blocks) -> PlanPanel:
             message_box = gr.HTML(elem_id="plan-message")
             with gr.Row():
                 launch_here = gr.Button(
-                    "Launch this plan here", variant="primary", elem_id="plan-launch-here"
+                    "Launch this plan here",
+                    variant="primary",
+                    elem_id="plan-launch-here",
+                    visible=not ctx.policy.is_public,  # visitors of a public app do not launch engines
                 )
                 alternative = gr.Button(
                     "Launch the suggestion instead", visible=False, elem_id="plan-alternative"
