@@ -27,13 +27,19 @@ def machine():
 
 def test_a_small_local_plan_is_taken_over_with_its_limits(machine):
     plan = PlanRequest(
-        model=GGUF, gpu="CPU", engine="embedded", max_model_len=2048, max_num_seqs=8, block_size=32
+        model=GGUF,
+        gpu="CPU",
+        engine="embedded",
+        max_model_len=2048,
+        max_num_seqs=8,
+        block_size=32,
+        kv_cache_dtype="fp8",
     )
     decision = decide(plan, machine, hub_online=False, default_gguf=GGUF)
     assert decision.can_launch and decision.reasons == [] and decision.notes == []
     config = decision.config
     assert config.model == GGUF and config.max_model_len == 2048 and config.max_num_seqs == 8
-    assert config.block_size == 32 and config.enable_prefix_caching
+    assert config.block_size == 32 and config.enable_prefix_caching and config.kv_cache_dtype == "fp8"
     assert 0 < decision.needed_bytes < decision.available_bytes * HEADROOM
 
 

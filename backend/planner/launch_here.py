@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from backend.default_model import DEFAULT_HUB_ID, DEFAULT_MODEL_NAME
-from backend.engine.config import EngineConfig, config_field
+from backend.engine.config import KV_CACHE_DTYPES, EngineConfig, config_field
 from backend.planner.advise import estimate
 from backend.planner.catalog import list_presets
 from backend.planner.hardware import LocalHardware
@@ -68,6 +68,7 @@ def engine_config(plan: PlanRequest, model: str, dtype: str) -> EngineConfig:
         max_model_len=plan.max_model_len,
         enable_prefix_caching=plan.enable_prefix_caching,
         kv_cache_memory_bytes=MIN_KV_BYTES,
+        kv_cache_dtype=plan.kv_cache_dtype if plan.kv_cache_dtype in KV_CACHE_DTYPES else "auto",
     )
 
 
@@ -133,16 +134,18 @@ def decide(
 
 
 def gpu_notes(plan: PlanRequest, machine: LocalHardware) -> list[str]:
+    """What differs from the plan without stopping the launch: the device, a KV dtype it lacks."""
+    notes = []
+    if plan.kv_cache_dtype not in (*KV_CACHE_DTYPES, "bf16", "fp16", "fp32"):
+        notes.append(f"KV cache {plan.kv_cache_dtype}: the embedded engine keeps it in the model's dtype")
     if plan.gpu == "CPU":
-        return []
+        return notes
     if not machine.gpus:
-        return [
-            f"no GPU here: the plan is for {plan.num_gpus} × {plan.gpu}, the embedded engine would run on "
-            f"this CPU ({machine.cpu_model}, {machine.cpu_cores_logical} cores), much slower"
-        ]
-    return [
-        f"runs on one {machine.gpus[0].name} with the embedded engine, not on {plan.num_gpus} × {plan.gpu}"
-    ]
+        cpu = f"{machine.cpu_model}, {machine.cpu_cores_logical} cores"
+        where = f"the embedded engine would run on this CPU ({cpu}), much slower"
+        return [*notes, f"no GPU here: the plan is for {plan.num_gpus} × {plan.gpu}, {where}"]
+    gpu = machine.gpus[0].name
+    return [*notes, f"runs on one {gpu} with the embedded engine, not on {plan.num_gpus} × {plan.gpu}"]
 
 
 def nearest_runnable(
