@@ -73,8 +73,8 @@ def test_a_70b_plan_needs_more_memory_than_this_machine_by_the_planners_own_esti
 
 def test_a_quantization_without_its_checkpoint_is_named(machine):
     plan = PlanRequest(model="Qwen/Qwen2.5-7B-Instruct", quant="awq-int4")
-    (reason,) = decide(plan, machine, hub_online=True, default_gguf=GGUF).reasons
-    assert "awq-int4 weights need a checkpoint" in reason and "Quantized checkpoint" in reason
+    reasons = decide(plan, machine, hub_online=True, default_gguf=GGUF).reasons  # + memory, when RAM is short
+    assert any("awq-int4 weights need a checkpoint" in r and "Quantized checkpoint" in r for r in reasons)
 
 
 def test_on_a_gpu_host_the_gpus_free_memory_decides_stand_in_hardware(machine):
