@@ -43,6 +43,7 @@ class Workload:
     seed: int = 0
     request_rate: float = math.inf
     timeout_s: float = 600.0
+    ignore_eos: bool = False
 
     def config(self, target: CompareTarget) -> BenchConfig:
         return BenchConfig(
@@ -56,6 +57,7 @@ class Workload:
             seed=self.seed,
             request_rate=self.request_rate,
             timeout_s=self.timeout_s,
+            ignore_eos=self.ignore_eos,
         )
 
 

@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ignore-eos", action="store_true", help="every request runs to --output-len")
     parser.add_argument("--warmup", type=int, default=0, help="untimed requests to each target first")
     parser.add_argument("--start-timeout", type=float, default=1800.0, help="seconds for an engine to start")
     parser.add_argument("--out", default="compare-out", help="folder for compare.json and compare.html")
@@ -54,6 +55,7 @@ def main(args: argparse.Namespace) -> int:
             input_len=args.input_len,
             output_len=args.output_len,
             seed=args.seed,
+            ignore_eos=args.ignore_eos,
         )
         model = model_folder(args.model, Path(args.out))
     except ValueError as exc:

@@ -2,12 +2,16 @@
 
     python -m backend.bench.offline            # the full workload (128 chat prompts, default model)
     python -m backend.bench.offline --num-prompts 32 --max-tokens 96
+    python -m backend.bench.offline --peer vllm --num-prompts 96 --max-prompt-len 700 --min-tokens 8 \
+        --max-tokens 300 --skip static,cb,batch1,ttft,quant   # issue 20's workload, vLLM CPU beside
 
 Modes: the engine (continuous batching), transformers `generate` in static left-padded batches, and
 transformers `generate_batch`-style continuous batching (its ContinuousBatchingManager, so that each
 request keeps its own max_tokens); also batch-1 decode speed and the time to first token of a 512-token
 prompt (measured right after the engine run); for a quantized checkpoint (the default model is Q4_1),
-the engine running it as stored against the same engine dequantizing it at load (bench/quantized.py).
+the engine running it as stored against the same engine dequantizing it at load (bench/quantized.py);
+with --peer vllm, vLLM's CPU build on the same prompts in its own environment (bench/peer.py; the model as
+a bf16 dense folder for both then).
 Output tokens/s counts the tokens each request asked for (greedy, ignore_eos).
 """
 
@@ -21,6 +25,8 @@ import time
 from dataclasses import dataclass
 
 from backend.bench import quantized
+from backend.bench.peer import run_vllm
+from backend.bench.step_profile import cpu_summary
 
 
 @dataclass(slots=True)
@@ -50,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip", default="", help="comma list of modes to skip: static,cb,batch1,ttft,quant")
     parser.add_argument("--quant-repeats", type=int, default=5, help="runs of each quantized/dense test")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--peer", default="none", choices=["none", "vllm"], help="add vLLM CPU as a column")
+    parser.add_argument("--peer-eager", action="store_true", help="vLLM without torch.compile")
 
 
 def make_workload(tokenizer, args: argparse.Namespace) -> Workload:
@@ -156,9 +164,14 @@ def main(args: argparse.Namespace) -> int:
 
     torch.manual_seed(args.seed)
     model = args.model or default_model()
+    if args.peer != "none" and str(model).endswith(".gguf"):  # the peer loads the dense folder: so do we
+        from backend.bench.compare_targets import dense_cache_dir, model_folder
+
+        model = model_folder(model, dense_cache_dir())
     spin = os.environ["GOMP_SPINCOUNT"]
     print(f"model {model}, dtype {args.dtype}, torch threads {torch.get_num_threads()}, "
           f"GOMP_SPINCOUNT={spin}, load average {load_average()}", flush=True)  # fmt: skip
+    print(cpu_summary(), flush=True)
     llm = LLM(model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens)  # fmt: skip
     hf, _ = load_hf_model(model, getattr(torch, args.dtype))
@@ -173,6 +186,12 @@ def main(args: argparse.Namespace) -> int:
     rows: dict[str, float] = {}
     rows["engine (continuous batching)"] = work.output_tokens / run_engine(llm, work)
     print(f"engine: {rows['engine (continuous batching)']:.1f} tok/s", flush=True)
+    if args.peer == "vllm":
+        peer = run_vllm(model, work, args)
+        print(f"peer: {peer.detail}", flush=True)
+        if peer.tok_s is not None:
+            rows["vLLM CPU (subprocess)"] = peer.tok_s
+            print(f"vLLM CPU: {peer.tok_s:.1f} tok/s, load average {load_average()}", flush=True)
     # batch-1 and TTFT before transformers' batched modes: after generate_batch, a later `generate` of
     # the same model has been seen to return early (caught by the length check in measure_batch1)
     if "batch1" not in skip:
@@ -250,7 +269,7 @@ def print_table(title: str, rows: dict[str, float], lower: bool = False) -> None
     if others:
         best = min(others) if lower else max(others)
         ratio = best / rows[engine_key] if lower else rows[engine_key] / best
-        print(f"  engine vs the best transformers mode: {ratio:.2f}x", flush=True)
+        print(f"  engine vs the best other mode: {ratio:.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import torch
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "paged_attention.cpp", CSRC / "layers.cpp", CSRC / "quantized.cpp"]
-FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+FLAGS = ["-O3", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 BUILD_TIMEOUT_S = 300  # a cold build takes seconds; a hung compiler must not hang the engine's start
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 CACHE_SUFFIX = {torch.float8_e4m3fn: "_fp8_e4m3", torch.float8_e5m2: "_fp8_e5m2"}  # an fp8 KV pool's kernels

@@ -58,18 +58,45 @@ class Sampler:
         logprobs = logits.log_softmax(-1) if any(p.logprobs is not None for p in params) else None
         if all(p.greedy and not p.needs_penalties for p in params):
             return logits.argmax(-1).tolist(), logprobs
+        tokens: list[int | None] = [None] * len(seqs)
+        plain = [i for i, seq in enumerate(seqs) if is_plain_random(seq)]
+        if len(plain) > 1:  # one batched draw instead of a few ops per row (64 rows: 4 ops, not 320)
+            self._sample_plain(logits, seqs, plain, tokens)
         logits = logits.clone()
-        tokens: list[int] = []
         for i, p in enumerate(params):
+            if tokens[i] is not None:
+                continue
             row = logits[i]
             if p.needs_penalties:
                 seq = seqs[i]
                 apply_penalties(row, p, seq.token_ids[: seq.num_prompt_tokens], seq.output_token_ids)
             if p.greedy:
-                tokens.append(int(row.argmax()))
+                tokens[i] = int(row.argmax())
                 continue
             row = filter_logits(row / p.temperature, p.top_k, p.top_p, p.min_p)
             probs = row.softmax(-1)
             noise = torch.empty(probs.shape).exponential_(generator=seqs[i].generator or self.generator)
-            tokens.append(int((probs / noise.to(probs.device)).argmax()))
-        return tokens, logprobs
+            tokens[i] = int((probs / noise.to(probs.device)).argmax())
+        return tokens, logprobs  # type: ignore[return-value]  # every row is set above
+
+    def _sample_plain(self, logits: torch.Tensor, seqs: list[Sequence], rows: list[int], tokens: list):
+        """Rows that only scale by a temperature and draw from the engine's generator, in one batch."""
+        index = torch.tensor(rows, device=logits.device)
+        temperature = torch.tensor([seqs[i].params.temperature for i in rows], device=logits.device)
+        probs = (logits[index] / temperature[:, None]).softmax(-1)
+        noise = torch.empty(probs.shape).exponential_(generator=self.generator).to(probs.device)
+        for i, token in zip(rows, (probs / noise).argmax(-1).tolist(), strict=True):
+            tokens[i] = token
+
+
+def is_plain_random(seq: Sequence) -> bool:
+    """Random sampling with nothing per-row but the temperature: no seed, penalties or top-k/p/min-p."""
+    p = seq.params
+    return (
+        not p.greedy
+        and seq.generator is None
+        and not p.needs_penalties
+        and p.top_k <= 0
+        and p.top_p >= 1.0
+        and p.min_p <= 0.0
+    )

@@ -9,23 +9,14 @@ struct BFloat16 {
 };
 
 inline float to_float(float x) { return x; }
-inline float to_float(BFloat16 x) {
-    uint32_t bits = uint32_t(x.bits) << 16;
-    float f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
-}
+inline float to_float(BFloat16 x) { return __builtin_bit_cast(float, uint32_t(x.bits) << 16); }
 
 inline void store(float &dst, float x) { dst = x; }
-inline void store(BFloat16 &dst, float x) {  // round to nearest even, as torch does
-    uint32_t bits;
-    std::memcpy(&bits, &x, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {
-        dst.bits = uint16_t((bits >> 16) | 0x40u);  // NaN stays NaN
-        return;
-    }
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    dst.bits = uint16_t(bits >> 16);
+inline void store(BFloat16 &dst, float x) {  // round to nearest even, as torch does; branch-free (vectorizes)
+    const uint32_t bits = __builtin_bit_cast(uint32_t, x);
+    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const uint32_t nan = (bits >> 16) | 0x40u;  // NaN stays NaN
+    dst.bits = uint16_t((bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
 // x as it would be after a round trip through storage type T
@@ -90,3 +81,49 @@ inline void store(Float8E5M2 &dst, float x) { dst.bits = float_to_fp8<2, 15>(x);
     X(bf16_fp8_e4m3, BFloat16, Float8E4M3)    \
     X(f32_fp8_e5m2, float, Float8E5M2)        \
     X(bf16_fp8_e5m2, BFloat16, Float8E5M2)
+
+// exp(x) in plain arithmetic the compiler vectorizes (std::exp stays a scalar libm call without
+// -ffast-math): 2^(x log2 e) split into 2^n (exponent bits) and 2^f, |f| <= 1/2, by a degree-6 Taylor
+// polynomial (relative error about 2e-7). x is clamped to [-87, 88]: exp(-87) is 1.6e-38, not 0.
+inline float fast_exp(float x) {
+    x = x < -87.0f ? -87.0f : x;  // selects, not branches, with -fno-trapping-math (cpu_kernels.FLAGS)
+    x = x > 88.0f ? 88.0f : x;
+    const float y = x * 1.44269504088896341f;
+    const int32_t n = int32_t(y + 128.5f) - 128;  // round(y): y + 128.5 > 0, so truncation floors
+    const float f = y - float(n);
+    float p = 1.5403530393e-4f;
+    p = p * f + 1.3333558146e-3f;
+    p = p * f + 9.6181291076e-3f;
+    p = p * f + 5.5504108665e-2f;
+    p = p * f + 2.4022650696e-1f;
+    p = p * f + 6.9314718056e-1f;
+    p = p * f + 1.0f;
+    return p * __builtin_bit_cast(float, (n + 127) << 23);
+}
+
+// sum of a[i] * b[i] over n floats; n a multiple of 16 takes the vector path where the build has one
+#if defined(__AVX512F__)
+#include <immintrin.h>
+inline float dot(const float *a, const float *b, int64_t n) {
+    if (n % 16 == 0) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+        return _mm512_reduce_add_ps(acc);
+    }
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+#else
+inline float dot(const float *a, const float *b, int64_t n) {
+    float lanes[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+#pragma omp simd
+        for (int l = 0; l < 8; l++) lanes[l] += a[i + l] * b[i + l];
+    }
+    float s = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+#endif

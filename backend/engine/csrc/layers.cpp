@@ -34,9 +34,10 @@ void silu_and_mul(const T *gate_up, T *out, int64_t rows, int64_t dim) {
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
         const T *gate = gate_up + r * 2 * dim, *up = gate + dim;
+#pragma omp simd
         for (int64_t i = 0; i < dim; i++) {
             const float g = to_float(gate[i]);
-            store(out[r * dim + i], round_to<T>(g / (1.0f + std::exp(-g))) * to_float(up[i]));
+            store(out[r * dim + i], round_to<T>(g / (1.0f + fast_exp(-g))) * to_float(up[i]));
         }
     }
 }

@@ -13,6 +13,7 @@
 // (token, KV head) pairs with OpenMP (torch's own runtime, already loaded); scores, softmax and the
 // weighted sum of values are computed in fp32 whatever the storage type. No torch headers: it builds
 // in about a second. Built and loaded by backend/engine/cpu_kernels.py.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -22,52 +23,99 @@
 
 namespace {
 
+constexpr int64_t MAX_TILE = 64;  // positions per tile: a block, or a part of one
+
+// acc [D] += sum over p < n of w[p] * values[p, :], W columns at a time held in registers across p (64:
+// four AVX-512 accumulators, so four independent multiply-add chains instead of one latency-bound chain)
+template <int64_t W>
+int64_t accumulate_columns(float *acc, const float *w, const float *values, int64_t n, int64_t D, int64_t d0) {
+    for (; d0 + W <= D; d0 += W) {
+        float a[W];
+#pragma omp simd
+        for (int64_t l = 0; l < W; l++) a[l] = acc[d0 + l];
+        for (int64_t p = 0; p < n; p++) {
+            const float wp = w[p], *vp = values + p * D + d0;
+#pragma omp simd
+            for (int64_t l = 0; l < W; l++) a[l] += wp * vp[l];
+        }
+#pragma omp simd
+        for (int64_t l = 0; l < W; l++) acc[d0 + l] = a[l];
+    }
+    return d0;
+}
+
+inline void accumulate(float *acc, const float *w, const float *values, int64_t n, int64_t D) {
+    int64_t d0 = accumulate_columns<64>(acc, w, values, n, D, 0);
+    d0 = accumulate_columns<16>(acc, w, values, n, D, d0);
+    for (; d0 < D; d0++) {
+        for (int64_t p = 0; p < n; p++) acc[d0] += w[p] * values[p * D + d0];
+    }
+}
+
+// One (token, KV head) pair: its G query heads against the sequence's keys, a tile (one block, or part of
+// one) at a time: each tile of keys, then of values, is converted to fp32 once and used by all G heads
+// while it is in cache. Scores of the whole context, then an exact softmax (max, exp, sum, divide), then
+// the probability-weighted values: the arithmetic of the reference softmax, in fp32.
+template <typename T, typename C>
+void attend_one(const T *q, const C *k_cache, const C *v_cache, const int64_t *table, int64_t len, T *out,
+                int64_t G, int64_t D, int64_t pool_base, int64_t block_size, float scale, float v_scale,
+                float *scratch) {
+    float *query = scratch, *acc = query + G * D, *tile_buffer = acc + G * D, *scores = tile_buffer + MAX_TILE * D;
+    for (int64_t i = 0; i < G * D; i++) {
+        query[i] = to_float(q[i]) * scale;
+        acc[i] = 0.0f;
+    }
+    const int64_t tile = block_size < MAX_TILE ? block_size : MAX_TILE;
+    auto tile_rows = [&](int64_t begin, int64_t &n) {  // first pool row of the tile at begin, and its size
+        const int64_t offset = begin % block_size;
+        n = std::min({tile, len - begin, block_size - offset});
+        return ((pool_base + table[begin / block_size]) * block_size + offset) * D;
+    };
+    for (int64_t begin = 0, n = 0; begin < len; begin += n) {
+        const C *k = k_cache + tile_rows(begin, n);
+#pragma omp simd
+        for (int64_t i = 0; i < n * D; i++) tile_buffer[i] = to_float(k[i]);
+        for (int64_t g = 0; g < G; g++) {
+            for (int64_t p = 0; p < n; p++) scores[g * len + begin + p] = dot(query + g * D, tile_buffer + p * D, D);
+        }
+    }
+    for (int64_t g = 0; g < G; g++) {
+        float *s = scores + g * len, top = -INFINITY, sum = 0.0f;
+        for (int64_t p = 0; p < len; p++) top = s[p] > top ? s[p] : top;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t p = 0; p < len; p++) {
+            s[p] = fast_exp(s[p] - top);
+            sum += s[p];
+        }
+#pragma omp simd
+        for (int64_t p = 0; p < len; p++) s[p] /= sum;
+    }
+    for (int64_t begin = 0, n = 0; begin < len; begin += n) {
+        const C *v = v_cache + tile_rows(begin, n);
+#pragma omp simd
+        for (int64_t i = 0; i < n * D; i++) tile_buffer[i] = to_float(v[i]);
+        for (int64_t g = 0; g < G; g++) accumulate(acc + g * D, scores + g * len + begin, tile_buffer, n, D);
+    }
+    for (int64_t i = 0; i < G * D; i++) store(out[i], acc[i] * v_scale);
+}
+
 template <typename T, typename C>
 void decode_attention(const T *q, const C *k_cache, const C *v_cache, const int64_t *block_tables,
                       const int64_t *context_lens, T *out, int64_t num_tokens, int64_t num_heads,
                       int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,
                       int64_t max_blocks, int64_t q_stride, float scale, float v_scale) {
     const int64_t G = num_heads / num_kv_heads, D = head_dim;
-#pragma omp parallel for collapse(2) schedule(dynamic)
-    for (int64_t t = 0; t < num_tokens; t++) {
-        for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
-            const int64_t len = context_lens[t];
-            const int64_t *table = block_tables + t * max_blocks;
-            const int64_t head_offset = (t * num_heads + kvh * G) * D;  // of query head kvh * G in out
-            std::vector<float> query(G * D), acc(G * D, 0.0f), scores(G * len);
-            for (int64_t i = 0; i < G * D; i++) query[i] = to_float(q[t * q_stride + kvh * G * D + i]) * scale;
-            auto row_of = [&](int64_t pos) {  // row of the pool holding position pos of this sequence
-                return ((kvh * num_blocks + table[pos / block_size]) * block_size + pos % block_size) * D;
-            };
-            for (int64_t pos = 0; pos < len; pos++) {
-                const C *key = k_cache + row_of(pos);
-                for (int64_t g = 0; g < G; g++) {
-                    const float *qg = query.data() + g * D;
-                    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                    for (int64_t d = 0; d < D; d++) dot += qg[d] * to_float(key[d]);
-                    scores[g * len + pos] = dot;
-                }
+    const int64_t scratch_size = 2 * G * D + MAX_TILE * D + G * max_blocks * block_size;
+#pragma omp parallel
+    {
+        std::vector<float> scratch(scratch_size);  // one per thread, reused by its pairs
+#pragma omp for collapse(2) schedule(dynamic)
+        for (int64_t t = 0; t < num_tokens; t++) {
+            for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
+                attend_one(q + t * q_stride + kvh * G * D, k_cache, v_cache, block_tables + t * max_blocks,
+                           context_lens[t], out + (t * num_heads + kvh * G) * D, G, D, kvh * num_blocks,
+                           block_size, scale, v_scale, scratch.data());
             }
-            for (int64_t g = 0; g < G; g++) {
-                float *s = scores.data() + g * len, top = -INFINITY, sum = 0.0f;
-                for (int64_t pos = 0; pos < len; pos++) top = std::fmax(top, s[pos]);
-                for (int64_t pos = 0; pos < len; pos++) {
-                    s[pos] = std::exp(s[pos] - top);
-                    sum += s[pos];
-                }
-                for (int64_t pos = 0; pos < len; pos++) s[pos] /= sum;
-            }
-            for (int64_t pos = 0; pos < len; pos++) {
-                const C *value = v_cache + row_of(pos);
-                for (int64_t g = 0; g < G; g++) {
-                    const float p = scores[g * len + pos];
-                    float *a = acc.data() + g * D;
-#pragma omp simd
-                    for (int64_t d = 0; d < D; d++) a[d] += p * to_float(value[d]);
-                }
-            }
-            for (int64_t i = 0; i < G * D; i++) store(out[head_offset + i], acc[i] * v_scale);
         }
     }
 }

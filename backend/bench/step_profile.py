@@ -1,0 +1,166 @@
+"""Where one decode step goes: a batch of sequences decoding together, per op and per part of the step.
+
+    python -m backend.bench.step_profile                       # 64 sequences, 128-token prompts, bf16
+    python -m backend.bench.step_profile --model DIR --num-seqs 32 --steps 20 --top 25
+
+Prefills the batch, then times decode steps (the median of --steps, after two untimed ones), splits one
+step into its parts (host-side inputs, the forward pass, sampling, the engine's bookkeeping) with our own
+timers, and prints torch.profiler's per-op table over --profile-steps steps. The CPU model, its flags and
+the kernels the engine picked are printed with every figure (the same step is 3x apart between CPUs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+
+def cpu_summary() -> str:
+    """CPU model name, cores torch uses, and the instruction sets that pick our kernels."""
+    import torch
+
+    from backend.engine import cpu_kernels
+    from backend.engine.device import cpu_has_fast_bf16
+
+    name = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    capability = torch.backends.cpu.get_cpu_capability()
+    return (
+        f"CPU {name}; torch threads {torch.get_num_threads()}; torch capability {capability}; "
+        f"fast bf16 {cpu_has_fast_bf16()}; {cpu_kernels.build_flags()}"
+    )
+
+
+def start_batch(llm, num_seqs: int, prompt_len: int) -> None:
+    """Add num_seqs requests with distinct random prompts and step until every one is decoding."""
+    import random
+
+    from backend.engine import SamplingParams
+
+    engine = llm.llm_engine
+    rng = random.Random(0)
+    vocab = engine.runner.model.args.vocab_size
+    params = SamplingParams(temperature=0.0, max_tokens=100_000, ignore_eos=True)
+    for i in range(num_seqs):
+        engine.add_request(f"profile-{i}", [rng.randrange(100, vocab) for _ in range(prompt_len)], params)
+    while any(seq.num_output_tokens == 0 for r in engine.requests.values() for seq in r.seqs):
+        engine.step()
+
+
+class PartTimer:
+    """Wraps a few engine methods with wall-clock timers (seconds summed per name)."""
+
+    def __init__(self, engine) -> None:
+        self.totals: dict[str, float] = {}
+        runner = engine.runner
+        self._wrap(runner, "prepare_inputs", "host: token ids, positions, slots")
+        self._wrap(runner, "prepare_decode", "host: block tables")
+        self._wrap(runner, "run", "forward pass (model + lm_head)")
+        self._wrap(engine.sampler, "sample", "sampling")
+        self._wrap(engine.scheduler, "schedule", "scheduler")
+
+    def _wrap(self, owner, name: str, label: str) -> None:
+        inner = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.totals[label] = self.totals.get(label, 0.0) + time.perf_counter() - start
+
+        setattr(owner, name, timed)
+
+
+def label_kernels() -> None:
+    """Name our ctypes kernels in torch.profiler's table (it sees only torch ops otherwise)."""
+    import torch
+
+    from backend.engine import cpu_kernels
+
+    for name in ("paged_decode_attention", "rope_and_cache", "rms_norm", "silu_and_mul", "linear_bf16_small"):
+        inner = getattr(cpu_kernels, name)
+
+        def labelled(*args, _inner=inner, _name=name, **kwargs):
+            with torch.profiler.record_function(f"cpu_kernels.{_name}"):
+                return _inner(*args, **kwargs)
+
+        setattr(cpu_kernels, name, labelled)
+
+
+def time_steps(engine, steps: int) -> tuple[list[float], list[float]]:
+    """Wall and process CPU seconds of each of steps decode steps, after two untimed ones. The CPU time
+    is the steadier figure on a shared machine (it excludes time other processes held the cores)."""
+    for _ in range(2):
+        engine.step()
+    wall, cpu = [], []
+    for _ in range(steps):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        engine.step()
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return wall, cpu
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    from backend.default_model import default_model
+    from backend.engine import LLM
+
+    model = args.model or default_model()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"model {model}, dtype {args.dtype}, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(cpu_summary(), flush=True)
+    llm = LLM(model, dtype=args.dtype, max_num_seqs=args.num_seqs, max_num_batched_tokens=args.batched_tokens)
+    engine = llm.llm_engine
+    start_batch(llm, args.num_seqs, args.prompt_len)
+    times, cpu = time_steps(engine, args.steps)
+    step = statistics.median(times)
+    print(f"\n{args.num_seqs}-sequence decode step: median {step * 1e3:.1f} ms over {len(times)} steps, "
+          f"{args.num_seqs / step:.0f} tok/s (min {min(times) * 1e3:.1f} ms); CPU time per step "
+          f"{statistics.median(cpu) * 1e3:.1f} ms over {torch.get_num_threads()} threads")  # fmt: skip
+    parts = PartTimer(engine)
+    rounds = 5
+    time_steps(engine, rounds)
+    print(f"\nParts of a step (our timers, mean of {rounds + 2} steps)")
+    for label, total in sorted(parts.totals.items(), key=lambda kv: -kv[1]):
+        print(f"  {label:<40} {total / (rounds + 2) * 1e3:8.2f} ms")
+    label_kernels()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(args.profile_steps):
+            engine.step()
+    print(f"\ntorch.profiler, {args.profile_steps} steps (times are totals over them)")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
+    for request_id in list(engine.requests):
+        engine.abort_request(request_id)
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="model folder or GGUF file (default model)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--num-seqs", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--batched-tokens", type=int, default=2048, help="max_num_batched_tokens")
+    parser.add_argument("--steps", type=int, default=20, help="timed decode steps")
+    parser.add_argument("--profile-steps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    parser.add_argument("--top", type=int, default=25, help="rows of the per-op table")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    raise SystemExit(main(parser.parse_args()))
