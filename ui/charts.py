@@ -90,6 +90,8 @@ LIVE_SERIES = (  # (row, col, sample key, label, scale)
     (2, 1, "num_requests_waiting", "waiting", 1.0),
     (2, 2, "prefix_cache_hit_rate", "prefix-cache hit %", 100.0),
     (2, 2, "num_preemptions_total", "preemptions (total)", 1.0),
+    (2, 2, "spec_decode_acceptance_rate", "draft acceptance %", 100.0),
+    (2, 2, "spec_decode_mean_acceptance_length", "tokens per verification", 1.0),
 )
 
 
@@ -100,7 +102,12 @@ def live_figure(samples: Sequence[dict[str, Any]], title: str = "Live engine met
         cols=2,
         vertical_spacing=0.22,
         horizontal_spacing=0.14,
-        subplot_titles=("Throughput (tok/s)", "KV-cache usage (%)", "Requests", "Prefix cache & preemptions"),
+        subplot_titles=(
+            "Throughput (tok/s)",
+            "KV-cache usage (%)",
+            "Requests",
+            "Prefix cache, preemptions, speculation",
+        ),
     )
     now = samples[-1]["timestamp"] if samples else 0.0
     seconds = [s["timestamp"] - now for s in samples]

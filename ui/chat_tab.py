@@ -174,9 +174,17 @@ def live_now_html(sample: dict[str, Any] | None) -> str:
         f"KV cache <b>{percent(sample.get('kv_cache_usage'))}</b> ({used}/{total} blocks) · "
         f"generation <b>{tok_s(sample.get('generation_tokens_per_s'))}</b> · "
         f"prefix hits <b>{percent(sample.get('prefix_cache_hit_rate'))}</b> · "
-        f"preemptions <b>{sample.get('num_preemptions_total', 0)}</b>"
+        f"preemptions <b>{sample.get('num_preemptions_total', 0)}</b>{speculation_html(sample)}"
     )
     return message("info", body_html=body, elem_id="live-now", data=data)
+
+
+def speculation_html(sample: dict[str, Any]) -> str:
+    """Draft acceptance since the last sample, when the engine verified drafts in that window."""
+    rate, length = sample.get("spec_decode_acceptance_rate"), sample.get("spec_decode_mean_acceptance_length")
+    if rate is None or length is None:
+        return ""
+    return f" · drafts accepted <b>{percent(rate)}</b> ({length:.2f} tokens per step)"
 
 
 def refresh_live(holder: EngineHolder, is_public: bool = False, external: Any = None) -> tuple:

@@ -15,6 +15,9 @@ _VLLM = {
     "num_preemptions_total": ("vllm:num_preemptions_total",),
     "prefix_cache_queries_total": ("vllm:prefix_cache_queries_total",),
     "prefix_cache_hits_total": ("vllm:prefix_cache_hits_total",),
+    "spec_decode_num_drafts_total": ("vllm:spec_decode_num_drafts_total",),
+    "spec_decode_num_draft_tokens_total": ("vllm:spec_decode_num_draft_tokens_total",),
+    "spec_decode_num_accepted_tokens_total": ("vllm:spec_decode_num_accepted_tokens_total",),
     "ttft": ("vllm:time_to_first_token_seconds",),
     "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
 }

@@ -35,12 +35,17 @@ SAMPLE_KEYS = (
     "itl_p99_s",
     "num_preemptions_total",
     "prefix_cache_hit_rate",
+    "spec_decode_acceptance_rate",  # accepted / draft tokens since the last sample (None: no drafts)
+    "spec_decode_mean_acceptance_length",  # tokens per verification since the last sample, bonus included
 )
 COUNTER_KEYS = (
     "prompt_tokens_total",
     "generation_tokens_total",
     "prefix_cache_queries_total",
     "prefix_cache_hits_total",
+    "spec_decode_num_drafts_total",
+    "spec_decode_num_draft_tokens_total",
+    "spec_decode_num_accepted_tokens_total",
 )
 
 
@@ -124,12 +129,31 @@ def _hit_rate(cur: dict, prev: dict | None) -> float | None:
     return h / q if q > 0 else None
 
 
+def _delta(cur: dict, prev: dict | None, key: str) -> float | None:
+    """The counter's growth since prev (its total without prev or after a restart); None if absent."""
+    if cur.get(key) is None:
+        return None
+    old = (prev or {}).get(key)
+    return cur[key] - old if old is not None and cur[key] >= old else cur[key]
+
+
+def _speculation(sample: dict, previous: dict | None) -> None:
+    """Acceptance rate and mean accepted length of the drafts verified since ``previous``."""
+    drafts = _delta(sample, previous, "spec_decode_num_drafts_total")
+    draft_tokens = _delta(sample, previous, "spec_decode_num_draft_tokens_total")
+    accepted = _delta(sample, previous, "spec_decode_num_accepted_tokens_total")
+    if drafts and draft_tokens and accepted is not None:
+        sample["spec_decode_acceptance_rate"] = accepted / draft_tokens
+        sample["spec_decode_mean_acceptance_length"] = 1 + accepted / drafts
+
+
 def _finish(sample: dict, previous: dict | None) -> dict:
     """Fill the rate fields from counter deltas against ``previous`` (a sample or a stats dict)."""
     sample["prompt_tokens_per_s"] = _rate(sample, previous, "prompt_tokens_total")
     sample["generation_tokens_per_s"] = _rate(sample, previous, "generation_tokens_total")
     if sample.get("prefix_cache_hit_rate") is None:
         sample["prefix_cache_hit_rate"] = _hit_rate(sample, previous)
+    _speculation(sample, previous)
     return sample
 
 
