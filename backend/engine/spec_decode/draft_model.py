@@ -11,18 +11,32 @@ simply gets fewer drafts; the target's output never depends on it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import Any, Protocol, cast
+
+import torch
 
 from backend.engine.block_manager import BlockManager
+from backend.engine.config import EngineConfig
 from backend.engine.loader import load_model, rope_tables
 from backend.engine.model_runner import ModelRunner
+from backend.engine.sampler import Sampler
 from backend.engine.scheduler import ScheduledSeq
 from backend.engine.sequence import Sequence
 from backend.engine.spec_decode.config import SpeculativeConfig
 from backend.errors import UserError
 
-if TYPE_CHECKING:
-    from backend.engine.llm_engine import LLMEngine
+
+class Target(Protocol):
+    """What the draft model needs from the engine it drafts for (LLMEngine's parts)."""
+
+    config: EngineConfig
+    dtype: torch.dtype
+    device: torch.device
+    tokenizer: Any
+    model_name: str
+    max_model_len: int
+    runner: ModelRunner
+    sampler: Sampler
 
 
 @dataclass(slots=True)
@@ -52,7 +66,7 @@ class DraftModelProposer:
         self.states: dict[Sequence, DraftState] = {}
 
     @classmethod
-    def load(cls, config: SpeculativeConfig, engine: LLMEngine, num_blocks: int) -> DraftModelProposer:
+    def load(cls, config: SpeculativeConfig, engine: Target, num_blocks: int) -> DraftModelProposer:
         assert config.model is not None
         cfg = engine.config
         loaded = load_model(config.model, engine.dtype, engine.device, cfg.trust_remote_code)

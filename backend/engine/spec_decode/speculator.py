@@ -9,20 +9,17 @@ it decodes one token per step as before) or when more than disable_by_batch_size
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from backend.engine.scheduler import ScheduledSeq
 from backend.engine.sequence import Sequence
 from backend.engine.spec_decode.config import SpeculativeConfig
-from backend.engine.spec_decode.draft_model import DraftModelProposer
+from backend.engine.spec_decode.draft_model import DraftModelProposer, Target
 from backend.engine.spec_decode.metrics import SpecDecodingStats
 from backend.engine.spec_decode.ngram_proposer import NgramProposer
 from backend.engine.spec_decode.rejection_sampler import RejectionSampler
-
-if TYPE_CHECKING:
-    from backend.engine.llm_engine import LLMEngine
 
 
 class Proposer(Protocol):
@@ -86,7 +83,7 @@ class Speculator:
         self.proposer.free(seq)
 
 
-def make_speculator(engine: LLMEngine, num_blocks: int) -> Speculator | None:
+def make_speculator(engine: Target, num_blocks: int) -> Speculator | None:
     """The engine's Speculator from its speculative_config (None when unset); loads a draft model."""
     if engine.config.speculative_config is None:
         return None
