@@ -153,3 +153,75 @@ def tiny_dense_model(folder: Path) -> str:
     LlamaForCausalLM(config).eval().save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
+
+
+# Runs in .venv-vllm (vLLM's CPU build brings compressed-tensors 0.17.0): compressed-tensors' own qparams
+# (calculate_qparams from per-group / per-channel / per-tensor min and max) and compressors write the
+# checkpoint, and the same compressors' decompress gives the dequantized dense weights.
+CT_WRITER = """
+import json, shutil, sys
+from pathlib import Path
+from safetensors.torch import load_file, save_file
+from compressed_tensors.compressors import FloatQuantizationCompressor, PackedQuantizationCompressor
+from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme
+from compressed_tensors.quantization.utils import calculate_qparams
+
+src, out, deq = (Path(arg) for arg in sys.argv[1:4])
+spec, linears = json.loads(sys.argv[4]), sys.argv[5].split(",")
+fmt = spec.pop("format")
+args = QuantizationArgs(**spec)
+scheme = QuantizationScheme(targets=["Linear"], weights=args)
+compressor = PackedQuantizationCompressor if fmt == "pack-quantized" else FloatQuantizationCompressor
+state = load_file(src / "model.safetensors")
+packed, dense = {}, dict(state)
+for name, w in state.items():
+    prefix = name.removesuffix(".weight")
+    if not (name.endswith(".weight") and prefix.rsplit(".", 1)[-1] in linears):
+        packed[name] = w
+        continue
+    if args.strategy == "group":
+        view = w.reshape(w.shape[0], -1, args.group_size)
+        mins, maxs = view.amin(-1), view.amax(-1)
+    elif args.strategy == "channel":
+        mins, maxs = w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+    else:
+        mins, maxs = w.amin().reshape(1), w.amax().reshape(1)
+    scale, zero_point = calculate_qparams(mins, maxs, args)
+    module = {"weight": w, "weight_scale": scale, "weight_zero_point": zero_point}
+    compressed = compressor.compress(module, scheme)
+    dense[name] = compressor.decompress(dict(compressed), scheme)["weight"].to(w.dtype)
+    packed |= {f"{prefix}.{key}": value.contiguous() for key, value in compressed.items()}
+config = json.loads((src / "config.json").read_text())
+for folder, tensors in ((out, packed), (deq, dense)):
+    folder.mkdir(parents=True)
+    save_file(tensors, str(folder / "model.safetensors"))
+    for file in src.iterdir():
+        if file.name.startswith(("tokenizer", "special_tokens", "generation_config")):
+            shutil.copy(file, folder / file.name)
+quant = QuantizationConfig(
+    config_groups={"group_0": scheme}, format=fmt, ignore=["lm_head"], quantization_status="compressed"
+)
+(deq / "config.json").write_text(json.dumps(config))
+config["quantization_config"] = json.loads(quant.model_dump_json()) | {"quant_method": "compressed-tensors"}
+(out / "config.json").write_text(json.dumps(config, indent=2))
+"""
+
+
+def write_compressed_tensors(python: Path, dense_folder: str, out: Path, spec: dict) -> str:
+    """A compressed-tensors checkpoint of the dense model in out/; returns the folder of its dequantized
+    dense weights (decompressed by compressed-tensors itself)."""
+    import subprocess
+
+    deq = out.parent / f"{out.name}-dequantized"
+    command = [
+        str(python),
+        "-c",
+        CT_WRITER,
+        dense_folder,
+        str(out),
+        str(deq),
+        json.dumps(spec),
+        ",".join(LINEARS),
+    ]
+    subprocess.run(command, check=True, timeout=300)
+    return str(deq)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch
 from backend.engine.gguf_cache import config_and_tokenizer
 from backend.engine.load_phases import LoadPhases
 from backend.engine.models.llama import FUSED, LlamaForCausalLM, ModelArgs
+from backend.engine.quantization.compressed_tensors import Fp8Weight, take_compressed, weight_args
 from backend.engine.quantization.gguf_reader import QuantizedWeight, read_gguf_tensors
 from backend.engine.quantization.gptq_awq import METHODS, PackedWeight, take_packed
 from backend.engine.quantization.install import install_quantized
@@ -91,23 +93,34 @@ def read_gguf(folder: str, gguf_file: str, trust_remote_code: bool) -> tuple[Any
     return hf_model.config, hf_model.state_dict()
 
 
+def part_kind(part: Part) -> str:
+    if isinstance(part, QuantizedWeight):
+        return part.qtype.upper()
+    return f"{part.bits}-bit" if isinstance(part, PackedWeight) else "fp8 e4m3"
+
+
 def describe_quantization(quantized: dict[str, Part], hf_config: Any = None) -> str | None:
-    counts: dict[str, int] = {}
-    for weight in quantized.values():
-        kind = weight.qtype.upper() if isinstance(weight, QuantizedWeight) else f"{weight.bits}-bit"
-        counts[kind] = counts.get(kind, 0) + 1
+    """What runs quantized, e.g. "gguf Q4_1 (210 tensors)", "gptq (group 128) 4-bit (14 tensors)"."""
+    counts = Counter(part_kind(part) for part in quantized.values())
     if not counts:
         return None
     method = "gguf"
-    if any(isinstance(weight, PackedWeight) for weight in quantized.values()):
+    if not any(isinstance(part, QuantizedWeight) for part in quantized.values()):
         config = hf_config.quantization_config
-        group = config.get("group_size", config.get("q_group_size"))
-        method = f"{config['quant_method']} (group {'per-channel' if group == -1 else group})"
+        method = config["quant_method"]
+        if method == "compressed-tensors":
+            args = weight_args(config)
+            group = f" {args['group_size']}" if args["strategy"] == "group" else ""
+            method += f" {config['format']} ({args['strategy']}{group})"
+        else:
+            group = config.get("group_size", config.get("q_group_size"))
+            method += f" (group {'per-channel' if group == -1 else group})"
     return f"{method} " + ", ".join(f"{t} ({n} tensors)" for t, n in counts.items())
 
 
 def read_packed(state: dict[str, torch.Tensor], hf_config: Any, dequantize_weights: bool) -> dict[str, Part]:
-    """The GPTQ / AWQ linears of state as stored (taken out of state), or dequantized into state."""
+    """The GPTQ / AWQ / compressed-tensors linears of state as stored (taken out of state), or dequantized
+    into state."""
     config = getattr(hf_config, "quantization_config", None)
     if not config:
         return {}
@@ -117,7 +130,8 @@ def read_packed(state: dict[str, torch.Tensor], hf_config: Any, dequantize_weigh
             f"Unsupported quantization {method!r} in config.json; the engine runs {', '.join(METHODS)} "
             "checkpoints and GGUF files (or use vLLM for this one)"
         )
-    packed: dict[str, Part] = dict(take_packed(state, config))
+    take = take_compressed if method == "compressed-tensors" else take_packed
+    packed: dict[str, Part] = dict(take(state, config))
     if dequantize_weights:
         state |= {name: dequantize_part(weight) for name, weight in packed.items()}
         return {}
@@ -248,6 +262,8 @@ def build_model(
         if isinstance(weight, PackedWeight):
             weight.qweight, weight.qzeros = weight.qweight.to(device), weight.qzeros.to(device)
             weight.scales, weight.g_idx = weight.scales.to(device), weight.g_idx.to(device)
+        elif isinstance(weight, Fp8Weight):
+            weight.weight, weight.scale = weight.weight.to(device), weight.scale.to(device)
         else:
             weight.data = weight.data.to(device)
     state |= install_quantized(net, quantized, FUSED)

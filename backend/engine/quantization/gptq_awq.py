@@ -1,13 +1,18 @@
-"""GPTQ and AWQ (GEMM) checkpoints: integer weights packed into int32, read as stored.
+"""GPTQ, AWQ (GEMM) and compressed-tensors pack-quantized checkpoints: integer weights packed into int32,
+read as stored.
 
 GPTQ (AutoGPTQ / GPTQModel `pack`, checkpoint_format "gptq"; vLLM's gptq_pack): qweight [k / f, n] packs f =
 32 / bits input rows per int32 (row r * f + i at bits i * bits); qzeros [groups, n / f] packs output columns
 the same way and stores zero - 1; scales [groups, n] fp16; g_idx [k] the group of each input row (i //
 group_size, or any order with desc_act). AWQ GEMM (AutoAWQ `WQLinear_GEMM`; vLLM's awq_pack): qweight
 [k, n / 8] and qzeros [groups, n / 8] pack 8 output columns per int32 in the order 0 2 4 6 1 3 5 7, zeros
-stored as they are; scales [groups, n]; group of row i = i // group_size. Both dequantize to
-W[n, k] = (q - zero) * scale. A part is decoded a tile of output rows at a time (columns of the packed
-tensors), in PyTorch, into QuantizedLinear's scratch buffer.
+stored as they are; scales [groups, n]; group of row i = i // group_size.
+compressed-tensors "pack-quantized" (llm-compressor; compressed_tensors' pack_to_int32): weight_packed
+[n, k / f] packs input columns of each output row (column c * f + i at bits i * bits), values stored as
+q + 2^(bits-1); weight_zero_point (asymmetric only) [n / f, groups] packs output rows the same way and
+offset; weight_scale [n, groups]; weight_g_idx [k] with actorder. All dequantize to
+W[n, k] = (q - zero) * scale. A part is decoded a tile of output rows at a time, in PyTorch, into
+QuantizedLinear's scratch buffer.
 """
 
 from __future__ import annotations
@@ -19,14 +24,14 @@ import torch
 
 from backend.errors import UserError
 
-METHODS = ("gptq", "awq")
+METHODS = ("gptq", "awq", "compressed-tensors")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's packing order of 8 columns into an int32
 PACKED_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
 
 
 @dataclass(slots=True)
 class PackedWeight:
-    method: str  # "gptq" | "awq"
+    method: str  # "gptq" | "awq" | "compressed-tensors"
     bits: int
     qweight: torch.Tensor  # int32, see the module docstring for each method's layout
     qzeros: torch.Tensor  # int32
@@ -47,6 +52,8 @@ class PackedWeight:
         f = self.row_multiple
         assert first % f == 0, "tiles start at a pack boundary"
         cols = slice(first // f, -(-last // f))
+        if self.method == "compressed-tensors":
+            return self.dequantize_compressed(first, last)
         if self.method == "gptq":
             q = unpack_rows(self.qweight[:, first:last], self.bits)  # [k, last - first]
             zeros = unpack_columns(self.qzeros[:, cols], self.bits, None)[:, : last - first] + 1
@@ -56,6 +63,16 @@ class PackedWeight:
         scales = self.scales[:, first:last].float()
         w = (q - zeros[self.g_idx]).float() * scales[self.g_idx]  # [k, rows]
         return w.t()
+
+    def dequantize_compressed(self, first: int, last: int) -> torch.Tensor:
+        offset = 1 << (self.bits - 1)
+        q = unpack_columns(self.qweight[first:last], self.bits, None)[:, : self.shape[1]] - offset
+        scales = self.scales[first:last].float()  # [rows, groups]
+        if self.qzeros.numel():
+            f = self.row_multiple
+            zeros = unpack_rows(self.qzeros[first // f : -(-last // f)], self.bits)[: last - first] - offset
+            q = q - zeros[:, self.g_idx]
+        return q.float() * scales[:, self.g_idx]
 
 
 def _shifts(bits: int, device: torch.device) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Layers over quantized weights (install.py puts them into a model in place of its dense ones): GGUF
-blocks, and GPTQ / AWQ packed integers (gptq_awq.PackedWeight, decoded in PyTorch, no fused kernel yet).
+blocks, GPTQ / AWQ / compressed-tensors packed integers (gptq_awq.PackedWeight) and fp8 weights
+(compressed_tensors.Fp8Weight); the last two are decoded in PyTorch, with no fused kernel yet.
 
 QuantizedLinear computes x @ W^T from W's blocks: batches of up to cpu_kernels.QUANT_GEMV_MAX_ROWS rows go
 through the fused decode + matrix-vector kernel (each block read once, decoded in cache); larger ones
@@ -16,11 +17,12 @@ from torch import nn
 
 from backend.engine import cpu_kernels
 from backend.engine.device import cpu_has_fast_bf16
+from backend.engine.quantization.compressed_tensors import Fp8Weight
 from backend.engine.quantization.gguf_blocks import dequantize
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.gptq_awq import PackedWeight
 
-Part = QuantizedWeight | PackedWeight
+Part = QuantizedWeight | PackedWeight | Fp8Weight
 TILE_WEIGHTS = 1 << 20  # weights decoded per GEMM call: 2-4 MB, about an L2 cache
 
 
@@ -46,20 +48,20 @@ def decode_blocks(data: torch.Tensor, qtype: str, out: torch.Tensor, use_kernel:
 
 def decode_rows(part: Part, first: int, last: int, out: torch.Tensor, use_kernel: bool) -> torch.Tensor:
     """Rows first..last-1 of part decoded into out [last - first, k]."""
-    if isinstance(part, PackedWeight):
+    if not isinstance(part, QuantizedWeight):
         return out.copy_(part.dequantize_rows(first, last))
     return decode_blocks(part.data[first:last], part.qtype, out, use_kernel)
 
 
 def dequantize_part(part: Part) -> torch.Tensor:
     """The whole weight [n, k] in float32 (for the dense path)."""
-    if isinstance(part, PackedWeight):
+    if not isinstance(part, QuantizedWeight):
         return part.dequantize_rows(0, part.shape[0])
     return dequantize(part.data, part.qtype)
 
 
 def part_tensors(part: Part) -> list[torch.Tensor]:
-    return part.tensors() if isinstance(part, PackedWeight) else [part.data]
+    return [part.data] if isinstance(part, QuantizedWeight) else part.tensors()
 
 
 def merge_same_type(parts: list[Part]) -> list[Part]:
