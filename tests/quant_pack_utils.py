@@ -108,8 +108,11 @@ def quantization_config(scheme: Scheme) -> dict:
             "version": "gemm"}  # fmt: skip
 
 
-def write_checkpoint(dense_folder: str, out: Path, scheme: Scheme) -> torch.nn.Module:
-    """The dense model's linears packed as scheme into out/; returns the dequantized dense model (fp32)."""
+def write_checkpoint(
+    dense_folder: str, out: Path, scheme: Scheme, plain_dtype: torch.dtype = torch.float32
+) -> torch.nn.Module:
+    """The dense model's linears packed as scheme into out/, its other tensors in plain_dtype; returns the
+    dequantized dense model (fp32)."""
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
@@ -123,7 +126,7 @@ def write_checkpoint(dense_folder: str, out: Path, scheme: Scheme) -> torch.nn.M
             packed_state |= tensors
             state[name] = dequantized
         else:
-            packed_state[name] = state[name]
+            packed_state[name] = state[name].to(plain_dtype)
     out.mkdir(parents=True, exist_ok=True)
     save_file(packed_state, str(out / "model.safetensors"))
     config = json.loads((Path(dense_folder) / "config.json").read_text())

@@ -66,6 +66,21 @@ def test_checkpoint_runs_as_stored_and_matches_transformers_on_its_dequantized_w
     ]
 
 
+@pytest.mark.parametrize("scheme", [SCHEMES[0], SCHEMES[5]], ids=lambda s: s.name)
+def test_planner_counts_the_bytes_the_engine_holds(scheme, dense_folder, tmp_path):
+    from backend.planner import PlanRequest, estimate
+
+    write_checkpoint(dense_folder, tmp_path / "q", scheme, plain_dtype=torch.bfloat16)
+    stats = LLM(str(tmp_path / "q"), dtype="bfloat16", device="cpu").stats()
+    plan = estimate(
+        PlanRequest(
+            model=str(tmp_path / "q"), gpu="cpu", engine="embedded", quant="auto", input_len=64, output_len=64
+        )
+    )
+    assert not any("dequantizes" in w for w in plan.warnings)
+    assert plan.weights_bytes == pytest.approx(stats.weights_bytes, rel=1e-3)
+
+
 def test_unsupported_quantization_is_refused_with_what_runs(dense_folder, tmp_path):
     write_checkpoint(dense_folder, tmp_path / "q", Scheme("gptq", 4, 128))
     config = json.loads((tmp_path / "q" / "config.json").read_text())

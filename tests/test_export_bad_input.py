@@ -24,7 +24,7 @@ QWEN = "Qwen/Qwen2.5-7B-Instruct"  # bundled preset: 28 attention heads, 4 KV he
         ("ollama", LLAMA, "gptq", r"Ollama cannot serve 'gptq'.*GGUF"),
         ("mii", LLAMA, "fp8", r"DeepSpeed-MII cannot serve 'fp8'.*vLLM or SGLang"),
         ("trtllm", "org/model-GGUF", "Q4_K_M", r"TensorRT-LLM cannot serve 'Q4_K_M'.*ModelOpt"),
-        ("embedded", LLAMA, "awq", r"Embedded engine cannot serve 'awq'.*vLLM"),
+        ("embedded", LLAMA, "fp8", r"Embedded engine cannot serve 'fp8'.*vLLM"),
         ("llamacpp", LLAMA, "bf16", r"llama\.cpp runs GGUF files only; choose a GGUF quantization"),
         ("vllm", "org/model-GGUF", "Q4_K_M", r"vLLM 0\.33 no longer loads GGUF; write a dense folder"),
     ],

@@ -95,13 +95,22 @@ def form_values(config: EngineConfig) -> dict[str, Any]:
 
 
 @functools.cache
-def planned_memory(model: str, dtype: str) -> dict[str, Any]:
-    """The planner's weights and KV-per-token figures for a launched model ({} when it cannot say)."""
+def planned_memory(
+    model: str, dtype: str, as_stored: bool = False, kv_cache_dtype: str = "auto"
+) -> dict[str, Any]:
+    """The planner's weights and KV-per-token figures for a launched model ({} when it cannot say):
+    quant "auto" when the engine runs the checkpoint as stored, else the dtype it dequantized to."""
     from backend.planner import PlanRequest, estimate
 
     quant = {"torch.bfloat16": "bf16", "bfloat16": "bf16", "torch.float16": "fp16", "float16": "fp16"}
     try:
-        req = PlanRequest(model=model, gpu="CPU", engine="embedded", quant=quant.get(dtype, "fp32"))
+        req = PlanRequest(
+            model=model,
+            gpu="CPU",
+            engine="embedded",
+            quant="auto" if as_stored else quant.get(dtype, "fp32"),
+            kv_cache_dtype=kv_cache_dtype,
+        )
         return estimate(req).to_dict()
     except (ValueError, OSError):  # a model the planner cannot read (e.g. the Hub when offline)
         return {}
@@ -134,11 +143,13 @@ def status_html(holder: EngineHolder) -> str:
 
 def ready_card(status: EngineStatus, stats: EngineStats) -> str:
     assert status.config is not None
-    plan = planned_memory(status.config.model, stats.dtype)
+    kv_dtype = status.config.kv_cache_dtype
+    plan = planned_memory(status.config.model, stats.dtype, stats.quantization is not None, kv_dtype)
     kv_tokens = stats.num_kv_blocks_total * stats.block_size
     cells = [
         ("Model", display_name(status.config.model, stats.quantization, stats.dtype)),
         ("Device · dtype", f"{stats.device} · {stats.dtype}"),
+        ("Quantization", stats.quantization or f"none (weights in {stats.dtype})"),
         (
             "KV blocks",
             f"{stats.num_kv_blocks_used:,} / {stats.num_kv_blocks_total:,} used "
@@ -146,7 +157,7 @@ def ready_card(status: EngineStatus, stats: EngineStats) -> str:
         ),
         ("max_model_len", f"{stats.max_model_len:,} tokens"),
         ("Weights (plan)", f"{gib(stats.weights_bytes)} ({gib(plan.get('weights_bytes'))})"),
-        ("KV cache pool", f"{gib(stats.kv_pool_bytes)} = {kv_tokens:,} tokens"),
+        ("KV cache pool", f"{gib(stats.kv_pool_bytes)} = {kv_tokens:,} tokens ({kv_dtype})"),
         (
             "KV per token (plan)",
             f"{stats.kv_pool_bytes / kv_tokens / 1024:,.1f} KiB ({kib(plan.get('kv_bytes_per_token'))})",

@@ -29,7 +29,7 @@ INFO = EngineInfo(
     uses_gpu=False,
     runs_in_checkout=True,
 )
-QUANT = {"none": None, "gguf": None}
+QUANT = {"none": None, "gguf": None, "gptq": None, "awq": None}  # runs them as stored, from config.json
 KV = {"auto": None, "fp8": "fp8", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
 
@@ -41,7 +41,7 @@ class EmbeddedExporter(Exporter):
             plan,
             INFO,
             QUANT,
-            "It loads safetensors or GGUF files; use vLLM for AWQ, GPTQ or FP8 checkpoints.",
+            "It loads dense, GPTQ, AWQ or compressed-tensors safetensors and GGUF; use vLLM for the rest.",
         )
         map_kv(plan, INFO, KV)  # the engine's kv_cache_dtype, vLLM's names
         refuse_speculative(plan, INFO, allowed=("ngram", "draft_model"))

@@ -18,8 +18,10 @@ from backend.planner.request import PlanRequest
 from backend.planner.specs import ModelSpec
 from backend.planner.vllm_rules import SchedulerLimits, non_torch_bytes
 
-# GGUF files whose block types the embedded engine keeps (backend/engine/quantization/gguf_blocks.py)
-EMBEDDED_AS_STORED = ("gguf-q4_0", "gguf-q4_1", "gguf-q8_0", "gguf-q4_k_s", "gguf-q4_k_m", "gguf-q6_k")
+# Checkpoints the embedded engine keeps as stored: GGUF block types (backend/engine/quantization/
+# gguf_blocks.py) and GPTQ / AWQ / compressed-tensors pack-quantized (gptq_awq.py)
+EMBEDDED_AS_STORED: tuple[str, ...] = ("gguf-q4_0", "gguf-q4_1", "gguf-q8_0", "gguf-q4_k_s", "gguf-q4_k_m")
+EMBEDDED_AS_STORED += ("gguf-q6_k", "gptq-int4-g128", "gptq-int4-g32", "gptq-int8-g128", "awq-int4")
 LLAMA_UBATCH_LOGITS = memory.LLAMACPP_UBATCH * 4  # llama.cpp computes fp32 logits for a whole micro-batch
 
 
@@ -67,12 +69,15 @@ def _weights(req: PlanRequest, spec: ModelSpec, lay: Layout) -> tuple[int, float
     if req.engine == "embedded":  # GGUF of a kept type runs as stored; the rest is dequantized at load
         dtype_bytes = 4 if lay.quant.name == "fp32" else 2
         kv_bytes = dtype_bytes if req.kv_cache_dtype == "auto" else lay.kv_dtype.bytes
-        if lay.quant.name == spec.checkpoint_dtype in EMBEDDED_AS_STORED:
-            return spec.weights_bytes // per_replica, kv_bytes
-        weights = (
-            math.ceil(spec.params_total - spec.params_by_kind.get("mtp", 0)) * dtype_bytes // per_replica
-        )
-        if lay.gpu.name == "CPU" and spec.tie_word_embeddings:  # its oneDNN-packed lm_head copy
+        as_stored = lay.quant.name == spec.checkpoint_dtype in EMBEDDED_AS_STORED
+        if as_stored:
+            weights = spec.weights_bytes // per_replica
+        else:
+            weights = (
+                math.ceil(spec.params_total - spec.params_by_kind.get("mtp", 0)) * dtype_bytes // per_replica
+            )
+        dense_embedding = not (as_stored and spec.checkpoint_dtype.startswith("gguf"))
+        if lay.gpu.name == "CPU" and spec.tie_word_embeddings and dense_embedding:  # its packed lm_head copy
             weights += spec.vocab_size * spec.hidden_size * dtype_bytes
         return weights, kv_bytes
     repacked = req.engine == "vllm" and not lay.gpu.fp4_native

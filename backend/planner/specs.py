@@ -230,7 +230,18 @@ def spec_from_config(
 
 
 def _checkpoint_dtype(config: dict) -> str:
-    quant = (config.get("quantization_config") or {}).get("quant_method")
+    quant_config = config.get("quantization_config") or {}
+    quant = quant_config.get("quant_method")
+    if quant == "gptq" and quant_config.get("bits") == 8:
+        return "gptq-int8-g128"
+    if quant == "gptq" and quant_config.get("group_size") == 32:
+        return "gptq-int4-g32"
+    if quant == "compressed-tensors":  # one weight scheme for all groups (what the embedded engine runs)
+        groups = list((quant_config.get("config_groups") or {}).values())
+        weights = (groups[0].get("weights") if groups else None) or {}
+        if quant_config.get("format") == "float-quantized":
+            return "fp8"
+        return {4: "gptq-int4-g128", 8: "gptq-int8-g128"}.get(int(weights.get("num_bits") or 0), str(quant))
     if quant:
         return {"fp8": "fp8", "mxfp4": "mxfp4", "awq": "awq-int4", "gptq": "gptq-int4-g128"}.get(quant, quant)
     dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"

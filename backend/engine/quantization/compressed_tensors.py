@@ -86,8 +86,9 @@ def take_compressed(state: dict[str, torch.Tensor], config: dict[str, Any]) -> d
         n, k = (int(d) for d in state.pop(f"{prefix}_shape").tolist())
         zeros = state.pop(f"{prefix}_zero_point", torch.zeros(0, dtype=torch.int32))
         g_idx = state.pop(f"{prefix}_g_idx", None)
+        stored = g_idx is not None
         if g_idx is None:
             group = k if args["strategy"] != "group" else int(args["group_size"])
             g_idx = torch.arange(k) // group
-        parts[prefix] = PackedWeight("compressed-tensors", bits, packed, zeros, scale, g_idx.long(), (n, k))
+        parts[prefix] = PackedWeight("compressed-tensors", bits, packed, zeros, scale, g_idx, (n, k), stored)
     return parts

@@ -36,8 +36,9 @@ class PackedWeight:
     qweight: torch.Tensor  # int32, see the module docstring for each method's layout
     qzeros: torch.Tensor  # int32
     scales: torch.Tensor  # [groups, n] fp16 or bf16
-    g_idx: torch.Tensor  # [k] int64: the group of each input row
+    g_idx: torch.Tensor  # [k] int: the group of each input row
     shape: tuple[int, int]  # (n, k) of the weight it encodes
+    g_idx_stored: bool = True  # read from the checkpoint (else built from group_size: not counted as stored)
 
     @property
     def row_multiple(self) -> int:
@@ -45,7 +46,8 @@ class PackedWeight:
         return 32 // self.bits
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.qweight, self.qzeros, self.scales, self.g_idx]
+        """The checkpoint's tensors (what the layer holds as buffers and weights_bytes counts)."""
+        return [self.qweight, self.qzeros, self.scales] + ([self.g_idx] if self.g_idx_stored else [])
 
     def dequantize_rows(self, first: int, last: int) -> torch.Tensor:
         """W[first:last] as float32 [last - first, k]; first a multiple of row_multiple."""
