@@ -87,15 +87,22 @@ def test_launch_this_plan_here_explains_and_offers_the_default_model(page, serve
 def test_chat_streams_while_kv_chart_rises(page):
     open_tab(page, "Chat")
     page.fill("#chat-input textarea", "Write a long story about a dragon who learns to cook.")
+    # the page records every length the reply shows (a slow test loop on a busy machine would miss some)
+    page.evaluate(
+        """() => { window.replyLengths = [];
+        new MutationObserver(() => { const bot = [...document.querySelectorAll('#chatbot .bot')].pop();
+            if (bot) window.replyLengths.push(bot.innerText.length); })
+        .observe(document.querySelector('#chatbot'),
+                 {subtree: true, childList: true, characterData: true}); }"""
+    )
     page.click("#chat-send")
-    lengths, kv_values = [], []
+    kv_values = []
     deadline = time.monotonic() + 120
     while "TTFT" not in page.locator("#chat-reply-stats").inner_text():
         assert time.monotonic() < deadline, "the reply did not finish within 120 s"
-        bot = page.locator("#chatbot .bot").last
-        lengths.append(len(bot.inner_text()) if bot.count() else 0)
         kv_values.append(float(page.locator("#live-now").get_attribute("data-kv") or 0))
         time.sleep(0.25)
+    lengths = page.evaluate("() => window.replyLengths")
     growing = sorted({n for n in lengths if n > 0})
     assert len(growing) >= 3, f"the reply did not stream (lengths seen: {growing})"
     assert max(kv_values) > 0, "the KV-usage figure never rose above zero while the reply ran"
