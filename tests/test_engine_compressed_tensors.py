@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from backend.bench.quant_checkpoints import write_compressed_tensors
 from backend.engine import LLM, SamplingParams
 from backend.engine.quantization.quantized_linear import QuantizedLinear
 from tests.common_utils import ROOT
 from tests.engine_utils import assert_engine_clean, hf_greedy, prompts
-from tests.quant_pack_utils import tiny_dense_model, write_compressed_tensors
+from tests.quant_pack_utils import tiny_dense_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 INT = dict(format="pack-quantized", type="int")

@@ -10,19 +10,19 @@ import subprocess
 import pytest
 import torch
 
+from backend.bench.quant_checkpoints import (
+    AWQ_ORDER,
+    Scheme,
+    pack_columns,
+    pack_rows,
+    write_checkpoint,
+)
 from backend.engine import LLM, SamplingParams
 from backend.engine.quantization.gptq_awq import PackedWeight
 from backend.engine.quantization.quantized_linear import QuantizedLinear
 from tests.common_utils import ROOT
 from tests.engine_utils import assert_engine_clean, hf_greedy, prompts
-from tests.quant_pack_utils import (
-    AWQ_ORDER,
-    Scheme,
-    pack_columns,
-    pack_rows,
-    tiny_dense_model,
-    write_checkpoint,
-)
+from tests.quant_pack_utils import tiny_dense_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SCHEMES = [
