@@ -68,6 +68,10 @@ def test_rms_norm_and_silu_and_mul_match_transformers_arithmetic(dtype):
     torch.testing.assert_close(
         cpu_kernels.rms_norm(x, norm.weight, 1e-5), norm(x), atol=1e-5 + exact, rtol=exact
     )
+    residual = torch.randn(5, 96, generator=gen).to(dtype)
+    normed, summed = cpu_kernels.add_rms_norm(x, residual, norm.weight, 1e-5)
+    assert torch.equal(summed, x + residual)  # the residual add, rounded as torch rounds it
+    torch.testing.assert_close(normed, norm(x + residual), atol=1e-5 + exact, rtol=exact)
     gate_up = torch.randn(5, 2 * 48, generator=gen).to(dtype)
     expected = F.silu(gate_up[:, :48]) * gate_up[:, 48:]
     torch.testing.assert_close(cpu_kernels.silu_and_mul(gate_up), expected, atol=1e-5 + exact, rtol=exact)

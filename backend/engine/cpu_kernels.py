@@ -40,6 +40,7 @@ SIGNATURES = {
     "paged_decode_attention": [PTR] * 6 + [INT] * 8 + [FLOAT] * 2,
     "rope_and_cache": [PTR] * 7 + [INT] * 5 + [FLOAT] * 3,
     "rms_norm": [PTR, PTR, PTR, INT, INT, FLOAT],
+    "add_rms_norm": [PTR] * 5 + [INT, INT, FLOAT],
     "silu_and_mul": [PTR, PTR, INT, INT],
 }
 QUANT_TYPES = ("q4_0", "q4_1", "q8_0", "q4_k", "q6_k")  # csrc/quantized.cpp
@@ -251,6 +252,25 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     function = getattr(load_library(), f"rms_norm_{SUFFIX[x.dtype]}")
     function(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps)
     return out
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual) for x, residual [rows, dim] (contiguous) in one call."""
+    out, residual_out = torch.empty_like(x), torch.empty_like(x)
+    function = getattr(load_library(), f"add_rms_norm_{SUFFIX[x.dtype]}")
+    function(
+        x.data_ptr(),
+        residual.data_ptr(),
+        weight.data_ptr(),
+        out.data_ptr(),
+        residual_out.data_ptr(),
+        x.shape[0],
+        x.shape[1],
+        eps,
+    )
+    return out, residual_out
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

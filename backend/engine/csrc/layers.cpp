@@ -28,6 +28,30 @@ void rms_norm(const T *x, const T *weight, T *out, int64_t rows, int64_t dim, fl
     }
 }
 
+// residual_out = round(x + residual) (the decoder's residual add, in the storage type, as torch adds), and
+// out = rms_norm(residual_out): vLLM's fused_add_rms_norm, one pass and one parallel region instead of two
+template <typename T>
+void add_rms_norm(const T *x, const T *residual, const T *weight, T *out, T *residual_out, int64_t rows,
+                  int64_t dim, float eps) {
+#pragma omp parallel for schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const T *xr = x + r * dim, *rr = residual + r * dim;
+        T *sum = residual_out + r * dim;
+        float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
+        for (int64_t i = 0; i < dim; i++) {
+            const float h = round_to<T>(to_float(xr[i]) + to_float(rr[i]));
+            store(sum[i], h);
+            squares += h * h;
+        }
+        const float inv = 1.0f / std::sqrt(squares / float(dim) + eps);
+#pragma omp simd
+        for (int64_t i = 0; i < dim; i++) {
+            store(out[r * dim + i], to_float(weight[i]) * round_to<T>(to_float(sum[i]) * inv));
+        }
+    }
+}
+
 // out [rows, dim] = silu(gate_up[:, :dim]) * gate_up[:, dim:]
 template <typename T>
 void silu_and_mul(const T *gate_up, T *out, int64_t rows, int64_t dim) {
@@ -89,6 +113,14 @@ void rms_norm_f32(const float *x, const float *w, float *out, int64_t rows, int6
 }
 void rms_norm_bf16(const BFloat16 *x, const BFloat16 *w, BFloat16 *out, int64_t rows, int64_t dim, float eps) {
     rms_norm(x, w, out, rows, dim, eps);
+}
+void add_rms_norm_f32(const float *x, const float *res, const float *w, float *out, float *res_out, int64_t rows,
+                      int64_t dim, float eps) {
+    add_rms_norm(x, res, w, out, res_out, rows, dim, eps);
+}
+void add_rms_norm_bf16(const BFloat16 *x, const BFloat16 *res, const BFloat16 *w, BFloat16 *out,
+                       BFloat16 *res_out, int64_t rows, int64_t dim, float eps) {
+    add_rms_norm(x, res, w, out, res_out, rows, dim, eps);
 }
 void silu_and_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t dim) {
     silu_and_mul(gate_up, out, rows, dim);

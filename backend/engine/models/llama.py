@@ -109,6 +109,13 @@ class RMSNorm(nn.Module):
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
 
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual): the decoder's residual add fused with the next norm."""
+        if self.use_kernel and x.is_contiguous() and residual.is_contiguous():
+            return cpu_kernels.add_rms_norm(x, residual, self.weight, self.eps)
+        residual = x + residual
+        return self(residual), residual
+
 
 @dataclass(slots=True)
 class Rope:
@@ -197,9 +204,16 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def forward(self, x, rope: Rope, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, k_cache, v_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, rope: Rope, k_cache, v_cache, meta: AttentionMetadata):
+        """(this layer's MLP output, the residual stream before it): the stream's adds are fused into the
+        next norm (vLLM's layout); the caller adds the last layer's pair."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm.add_forward(x, residual)
+        h = self.self_attn(h, rope, k_cache, v_cache, meta)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -227,9 +241,10 @@ class LlamaForCausalLM(nn.Module):
         half = sin.shape[-1] // 2
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # folds rotate_half's minus sign in
         rope = Rope(cos, sin, self.rope_cos, self.rope_sin)
+        residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, rope, k_cache, v_cache, meta)
-        x = self.norm(x[logits_indices])
+            x, residual = layer(x, residual, rope, k_cache, v_cache, meta)
+        x = self.norm((x + residual)[logits_indices])
         if self.lm_head is None:
             assert isinstance(self.embed_tokens, nn.Embedding)  # a quantized one comes with its lm_head
             return F.linear(x, self.embed_tokens.weight)
