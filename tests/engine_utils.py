@@ -96,7 +96,7 @@ _reference_cache: dict[tuple, list[int]] = {}
 def hf_greedy(arch_or_model, prompt: list[int], max_new_tokens: int) -> list[int]:
     """transformers' greedy continuation (stops after eos, like the engine without ignore_eos)."""
     model = tiny_model(arch_or_model)[1] if isinstance(arch_or_model, str) else arch_or_model
-    key = (id(model), tuple(prompt), max_new_tokens)
+    key = (model, tuple(prompt), max_new_tokens)  # the model itself: an id could be reused after GC
     if key not in _reference_cache:
         with torch.inference_mode():
             out = model.generate(

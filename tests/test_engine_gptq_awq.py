@@ -15,10 +15,11 @@ from backend.bench.quant_checkpoints import (
     Scheme,
     pack_columns,
     pack_rows,
+    packed_tensors,
     write_checkpoint,
 )
-from backend.engine import LLM, SamplingParams
-from backend.engine.quantization.gptq_awq import PackedWeight
+from backend.engine import LLM, SamplingParams, cpu_kernels
+from backend.engine.quantization.gptq_awq import PACKED_SUFFIXES, PackedWeight
 from backend.engine.quantization.quantized_linear import QuantizedLinear
 from tests.common_utils import ROOT
 from tests.engine_utils import assert_engine_clean, hf_greedy, prompts
@@ -53,6 +54,7 @@ def test_checkpoint_runs_as_stored_and_matches_transformers_on_its_dequantized_w
     layers = [m for m in llm.llm_engine.runner.model.modules() if isinstance(m, QuantizedLinear)]
     assert len(layers) == 2 * 4  # qkv, o, gate_up, down in each of 2 layers
     assert all(isinstance(p, PackedWeight) and p.bits == scheme.bits for m in layers for p in m.parts)
+    assert all(m.has_gemv is (scheme.method == "gptq") for m in layers)  # GPTQ decodes use the kernel
     assert llm.stats().quantization.startswith(scheme.method)
     outs = llm.generate(batch, params)
     for prompt, out in zip(batch, outs, strict=True):
@@ -79,6 +81,24 @@ def test_planner_counts_the_bytes_the_engine_holds(scheme, dense_folder, tmp_pat
     )
     assert not any("dequantizes" in w for w in plan.warnings)
     assert plan.weights_bytes == pytest.approx(stats.weights_bytes, rel=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scheme", [SCHEMES[1], SCHEMES[3]], ids=lambda s: s.name)
+def test_gptq_kernel_matches_the_pytorch_dequantization(scheme, dtype):
+    gen = torch.Generator().manual_seed(3)
+    n, k = 72, 128  # n not a multiple of the kernel's 16-column block
+    w = torch.randn(n, k, generator=gen)
+    tensors, _ = packed_tensors("p", w, scheme, seed=1)
+    part = PackedWeight("gptq", scheme.bits, *(tensors[f"p.{s}"] for s in PACKED_SUFFIXES), (n, k))
+    assert part.has_kernel
+    x = torch.randn(3, k, generator=gen).to(dtype)
+    bias = torch.randn(n, generator=gen).to(dtype)
+    out = torch.empty(3, n + 5, dtype=dtype)  # a wider row: the kernel writes columns 0..n-1 only
+    cpu_kernels.gptq_gemv(x, part, bias, out[:, :n])
+    expected = x.float() @ part.dequantize_rows(0, n).t() + bias.float()
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out[:, :n].float(), expected, atol=tolerance, rtol=tolerance)
 
 
 def test_unsupported_quantization_is_refused_with_what_runs(dense_folder, tmp_path):

@@ -77,9 +77,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=16, help="generated tokens per request")
     parser.add_argument("--repeats", type=int, default=3, help="runs per engine and test")
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument(
+        "--only", default="", help="comma list of format-name prefixes (dense bf16 always runs)"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="quantized-formats-") as tmp:
         paths = checkpoints(Path(tmp))
+        wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+        paths = {
+            n: p for n, p in paths.items() if n == "dense bf16" or not wanted or n.startswith(tuple(wanted))
+        }
         engines = {name: LLM(path, device="cpu", max_num_seqs=args.batch) for name, path in paths.items()}
         prompt = engines["dense bf16"].tokenizer.encode("The capital of France is")
         batch = [[*prompt, i + 10] for i in range(args.batch)]

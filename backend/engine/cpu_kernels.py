@@ -30,7 +30,7 @@ import torch
 
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "paged_attention.cpp", CSRC / "layers.cpp", CSRC / "quantized.cpp"]
+SOURCES = [CSRC / "paged_attention.cpp", CSRC / "layers.cpp", CSRC / "quantized.cpp", CSRC / "gptq.cpp"]
 FLAGS = ["-O3", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 BUILD_TIMEOUT_S = 300  # a cold build takes seconds; a hung compiler must not hang the engine's start
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -45,7 +45,9 @@ SIGNATURES = {
 }
 QUANT_TYPES = ("q4_0", "q4_1", "q8_0", "q4_k", "q6_k")  # csrc/quantized.cpp
 QUANT_SIGNATURES = {"quant_gemv": [PTR] * 4 + [INT] * 4, "quant_dequant": [PTR, PTR, INT, INT]}
-QUANT_GEMV_MAX_ROWS = 8  # csrc/quantized.cpp MAX_ROWS
+QUANT_GEMV_MAX_ROWS = 8  # csrc/quantized.cpp MAX_ROWS (and csrc/gptq.cpp's)
+GPTQ_SIGNATURE = [PTR] * 7 + [INT] * 5
+GPTQ_BITS = (4, 8)
 
 
 def cache_dir() -> Path:
@@ -155,6 +157,10 @@ def _open(path: Path) -> ctypes.CDLL:
                 for suffix in SUFFIX.values():
                     getattr(library, f"{name}_{qtype}_{suffix}").argtypes = argtypes
                     getattr(library, f"{name}_{qtype}_{suffix}").restype = None
+        for bits in GPTQ_BITS:
+            for suffix in SUFFIX.values():
+                getattr(library, f"gptq_gemv_w{bits}_{suffix}").argtypes = GPTQ_SIGNATURE
+                getattr(library, f"gptq_gemv_w{bits}_{suffix}").restype = None
         library.quant_vector_width.restype = ctypes.c_int
     except AttributeError as exc:  # a stale or foreign library
         raise KernelsUnavailable(f"{path} lacks a kernel: {exc}") from None
@@ -324,3 +330,27 @@ def quant_dequant(data: torch.Tensor, qtype: str, out: torch.Tensor) -> torch.Te
         data.data_ptr(), out.data_ptr(), out.shape[0], out.shape[1]
     )
     return out
+
+
+def gptq_gemv(
+    x: torch.Tensor,  # [rows, k], rows <= QUANT_GEMV_MAX_ROWS, contiguous
+    part,  # gptq_awq.PackedWeight: method "gptq", 4 or 8 bits, fp16 scales, int32 g_idx (gptq_eligible)
+    bias: torch.Tensor | None,  # [n], x's dtype
+    out: torch.Tensor,  # [rows, >= n] view of a contiguous [rows, ldy] tensor: columns 0..n-1 written
+) -> None:
+    assert x.is_contiguous() and x.shape[0] <= QUANT_GEMV_MAX_ROWS and out.stride(1) == 1
+    n, k = part.shape
+    getattr(load_library(), f"gptq_gemv_w{part.bits}_{SUFFIX[x.dtype]}")(
+        x.data_ptr(),
+        part.qweight.data_ptr(),
+        part.qzeros.data_ptr(),
+        part.scales.data_ptr(),
+        part.g_idx.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        out.data_ptr(),
+        x.shape[0],
+        n,
+        k,
+        part.scales.shape[0],
+        out.stride(0),
+    )

@@ -127,3 +127,20 @@ inline float dot(const float *a, const float *b, int64_t n) {
     return s;
 }
 #endif
+
+// IEEE half (as its bits) to float, subnormals included
+inline float half_to_float(uint16_t h) {
+    const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else {  // zero or subnormal: man * 2^-24, exact in a float
+        const float f = float(man) * 5.9604644775390625e-08f;
+        return sign ? -f : f;
+    }
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}

@@ -71,21 +71,7 @@ constexpr int LANES = CHUNK / VEC_WIDTH;
 inline float f16(const uint8_t *p) {  // IEEE half (little-endian) to float
     uint16_t h;
     std::memcpy(&h, p, 2);
-    const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    } else if (man == 0) {
-        bits = sign;
-    } else {  // subnormal half: man * 2^-24, exact in a float
-        const float f = float(man) * 5.9604644775390625e-08f;
-        return sign ? -f : f;
-    }
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
+    return half_to_float(h);
 }
 
 // lanes v of a 32-weight block of nibbles: weights v * W .. v * W + W - 1 (low nibbles first)

@@ -45,6 +45,17 @@ class PackedWeight:
         """Output rows come in packs of this many: tiles start at multiples of it."""
         return 32 // self.bits
 
+    @property
+    def has_kernel(self) -> bool:
+        """Whether cpu_kernels.gptq_gemv serves it (the checkpoint's own GPTQ dtypes, contiguous)."""
+        return (
+            self.method == "gptq"
+            and self.bits in (4, 8)
+            and self.scales.dtype == torch.float16
+            and self.g_idx.dtype == torch.int32
+            and all(t.is_contiguous() for t in self.tensors())
+        )
+
     def tensors(self) -> list[torch.Tensor]:
         """The checkpoint's tensors (what the layer holds as buffers and weights_bytes counts)."""
         return [self.qweight, self.qzeros, self.scales] + ([self.g_idx] if self.g_idx_stored else [])
@@ -128,7 +139,10 @@ def take_packed(state: dict[str, torch.Tensor], config: dict[str, Any]) -> dict[
         n = scales.shape[1]
         k = qweight.shape[0] * (32 // bits) if method == "gptq" else qweight.shape[0]
         g_idx = state.pop(f"{prefix}.g_idx", None)
-        if g_idx is None or method == "awq":
+        stored = g_idx is not None and method == "gptq"
+        if g_idx is None or not stored:
             g_idx = torch.arange(k) // (k if group_size == -1 else group_size)
-        packed[f"{prefix}.weight"] = PackedWeight(method, bits, qweight, qzeros, scales, g_idx.long(), (n, k))
+        packed[f"{prefix}.weight"] = PackedWeight(
+            method, bits, qweight, qzeros, scales, g_idx, (n, k), stored
+        )
     return packed

@@ -1,6 +1,7 @@
 """Layers over quantized weights (install.py puts them into a model in place of its dense ones): GGUF
 blocks, GPTQ / AWQ / compressed-tensors packed integers (gptq_awq.PackedWeight) and fp8 weights
-(compressed_tensors.Fp8Weight); the last two are decoded in PyTorch, with no fused kernel yet.
+(compressed_tensors.Fp8Weight). Small batches of GGUF and GPTQ layers use the fused decode + GEMV kernels;
+AWQ, compressed-tensors and fp8 are decoded per tile in PyTorch.
 
 QuantizedLinear computes x @ W^T from W's blocks: batches of up to cpu_kernels.QUANT_GEMV_MAX_ROWS rows go
 through the fused decode + matrix-vector kernel (each block read once, decoded in cache); larger ones
@@ -86,7 +87,9 @@ class QuantizedLinear(nn.Module):
         super().__init__()
         assert len({p.shape[1] for p in parts}) == 1, "fused parts share the input size"
         self.parts = merge_same_type(parts)
-        self.has_gemv = all(isinstance(p, QuantizedWeight) for p in parts)  # the fused kernel: GGUF only
+        self.has_gemv = all(  # fused decode + GEMV kernels: GGUF blocks and GPTQ
+            isinstance(p, QuantizedWeight) or (isinstance(p, PackedWeight) and p.has_kernel) for p in parts
+        )
         tensors = [t for part in parts for t in part_tensors(part)]
         for i, tensor in enumerate(tensors):
             self.register_buffer(f"qweight_{i}", tensor)  # counted by weights_bytes, moved by .to()
@@ -107,10 +110,12 @@ class QuantizedLinear(nn.Module):
             out = x.new_empty(rows, self.out_features)
             start = 0
             for part in self.parts:
-                assert isinstance(part, QuantizedWeight)
                 stop = start + part.shape[0]
                 bias = None if self.bias is None else self.bias[start:stop]
-                cpu_kernels.quant_gemv(x, part.data, part.qtype, bias, out[:, start:stop])
+                if isinstance(part, QuantizedWeight):
+                    cpu_kernels.quant_gemv(x, part.data, part.qtype, bias, out[:, start:stop])
+                else:
+                    cpu_kernels.gptq_gemv(x, part, bias, out[:, start:stop])
                 start = stop
             return out
         return self.tiled_matmul(x)
