@@ -183,11 +183,16 @@ def main(args: argparse.Namespace) -> int:
     skip = set(args.skip.split(","))
     warm = Workload(work.prompts[:2], [4, 4])
     run_engine(llm, warm)
+    # against a peer, both warm up on a whole workload of other prompts (same lengths: every batch shape
+    # compiled or JIT-ed once, no prefix-cache hits in the timed run)
+    peer_warmup = make_workload(llm.tokenizer, argparse.Namespace(**{**vars(args), "seed": args.seed + 1}))
+    if args.peer != "none":
+        run_engine(llm, peer_warmup)
     rows: dict[str, float] = {}
     rows["engine (continuous batching)"] = work.output_tokens / run_engine(llm, work)
     print(f"engine: {rows['engine (continuous batching)']:.1f} tok/s", flush=True)
     if args.peer == "vllm":
-        peer = run_vllm(model, work, args)
+        peer = run_vllm(model, work, peer_warmup, args)
         print(f"peer: {peer.detail}", flush=True)
         if peer.tok_s is not None:
             rows["vLLM CPU (subprocess)"] = peer.tok_s

@@ -32,7 +32,7 @@ def vllm_python() -> Path | None:
     return python if python and python.is_file() else None
 
 
-def run_vllm(model: str, work, args) -> PeerResult:
+def run_vllm(model: str, work, warmup, args) -> PeerResult:
     """Output tokens/s of vLLM on work (prompts as token ids, per-request max_tokens, greedy, ignore_eos)."""
     from backend.bench.compare_targets import dense_cache_dir, model_folder
 
@@ -48,6 +48,7 @@ def run_vllm(model: str, work, args) -> PeerResult:
         "max_model_len": 2048,
         "enforce_eager": args.peer_eager,
         "prompts": work.prompts,
+        "warmup_prompts": warmup.prompts,
         "max_tokens": work.max_tokens,
     }
     env = dict(os.environ)

@@ -2,8 +2,9 @@
 
 Runs inside vLLM's own environment (`.venv-vllm/bin/python backend/bench/vllm_offline_worker.py IN.json`),
 so it imports nothing from this project. IN.json: {"model", "dtype", "max_num_seqs",
-"max_num_batched_tokens", "enforce_eager", "prompts": [[ids]], "max_tokens": [n]}. The whole workload runs
-once untimed (warm-up: compilation, caches), then once timed; prints a line "PEER_RESULT <JSON>":
+"max_num_batched_tokens", "max_model_len", "enforce_eager", "prompts": [[ids]], "warmup_prompts": [[ids]],
+"max_tokens": [n]}. The warm-up prompts (as many, other tokens: no prefix-cache hits later) run once
+untimed (compilation, caches), then the workload once timed; prints a line "PEER_RESULT <JSON>" with
 {"elapsed_s", "output_tokens", "warmup_s", "vllm_version"}.
 """
 
@@ -29,8 +30,9 @@ def main(path: str) -> None:
     )
     prompts = [{"prompt_token_ids": ids} for ids in spec["prompts"]]
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in spec["max_tokens"]]
+    warm_prompts = [{"prompt_token_ids": ids} for ids in spec["warmup_prompts"]]
     start = time.perf_counter()
-    llm.generate(prompts, params, use_tqdm=False)
+    llm.generate(warm_prompts, params, use_tqdm=False)
     warmup = time.perf_counter() - start
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
