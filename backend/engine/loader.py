@@ -125,6 +125,8 @@ def read_packed(state: dict[str, torch.Tensor], hf_config: Any, dequantize_weigh
     if not config:
         return {}
     method = config.get("quant_method")
+    if method == "gguf":  # transformers writes this when it saves a model loaded from a GGUF: dense tensors
+        return {}
     if method not in METHODS:
         raise ValueError(
             f"Unsupported quantization {method!r} in config.json; the engine runs {', '.join(METHODS)} "
