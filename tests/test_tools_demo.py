@@ -55,8 +55,10 @@ def test_demo_markdown_shows_call_result_and_answer():
 
 def test_chat_sampling_controls_carry_the_schema_only_when_enabled():
     schema = json.dumps(SAMPLE_SCHEMAS["order"])
-    on = chat_sampling_params(0, 1, -1, 32, -1, "", True, schema)
-    assert on.structured_outputs.json == SAMPLE_SCHEMAS["order"]
-    assert chat_sampling_params(0, 1, -1, 32, -1, "", False, schema).structured_outputs is None
+    form = dict(
+        temperature=0, top_p=1, top_k=-1, max_tokens=32, seed=-1, stop="", use_schema=True, schema=schema
+    )
+    assert chat_sampling_params(form).structured_outputs.json == SAMPLE_SCHEMAS["order"]
+    assert chat_sampling_params({**form, "use_schema": False}).structured_outputs is None
     with pytest.raises(ValueError, match="not valid JSON"):
-        chat_sampling_params(0, 1, -1, 32, -1, "", True, "{")
+        chat_sampling_params({**form, "schema": "{"})
