@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.common_utils import ROOT, free_port
+from tests.common_utils import ROOT, free_port, stop_process
 
 SHOTS = ROOT / "assets" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
@@ -48,12 +48,7 @@ def app_server(log_path: Path):
             time.sleep(0.5)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=20)
         log.close()
 
 

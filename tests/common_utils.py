@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -13,3 +14,13 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """Stop a server the test started, by its process: SIGTERM, then SIGKILL if it ignores that."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.common_utils import stop_process
+
 
 class RunningServer:
     """uvicorn serving ``app`` on 127.0.0.1 (port picked by the OS) until stop()."""
@@ -149,11 +151,4 @@ class ServeProcess:
         raise KeyError(name)
 
     def stop(self) -> None:
-        import subprocess
-
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:  # a server that ignores SIGTERM is killed
-            self.proc.kill()
-            self.proc.wait(timeout=30)
+        stop_process(self.proc)

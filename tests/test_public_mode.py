@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.common_utils import ROOT, free_port
+from tests.common_utils import ROOT, free_port, stop_process
 from tests.engine_utils import tiny_model
 from tests.security_utils import NON_PUBLIC_URLS, Canary, loopback_spellings
 
@@ -102,12 +102,7 @@ def app(tmp_path_factory):
         yield PublicApp(url, client, log, model, canary, redirector)
         client.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         canary.close()
         redirector.close()
 

@@ -13,7 +13,7 @@ import pytest
 
 from app import build_parser
 from backend.server import build_app
-from tests.common_utils import ROOT
+from tests.common_utils import ROOT, stop_process
 from tests.engine_utils import tiny_model
 from tests.server_utils import RunningServer, long_context_tiny_model, start_engine, wait_until
 
@@ -162,5 +162,4 @@ def test_serve_command_prints_its_address_needs_the_key_and_logs_no_prompt(tmp_p
         assert "POST /v1/chat/completions" in log.read_text()  # the access log is on ...
         assert marker not in log.read_text() and KEY not in log.read_text()  # ... but holds no prompt, no key
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_process(proc)

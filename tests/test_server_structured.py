@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from backend.server.tools_demo import SAMPLE_SCHEMAS
-from tests.common_utils import ROOT, free_port
+from tests.common_utils import ROOT, free_port, stop_process
 from tests.server_utils import wait_until
 
 pytestmark = pytest.mark.slow
@@ -74,8 +74,7 @@ def server():
         wait_until(healthy, timeout_s=300, what="python app.py serve to load the default model")
         yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_process(proc)
 
 
 @pytest.fixture
