@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from backend.errors import ModelNotFound
+from backend.model_names import display_name
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -63,6 +64,31 @@ def default_model(check_hub: bool = True) -> str:
     if not check_hub or hub_reachable():
         return DEFAULT_HUB_ID
     raise DefaultModelUnavailable(f"The default model {DEFAULT_MODEL_NAME} is not available. {INSTALL_HINT}")
+
+
+def is_local_path(model: str) -> bool:
+    """True for a name that can only be a path (absolute, relative, ~, a .gguf file) or that exists here."""
+    path = Path(model).expanduser()
+    return path.is_absolute() or model.startswith((".", "~")) or path.suffix == ".gguf" or path.exists()
+
+
+def shown_name(model: str, is_public: bool = False) -> str:
+    """How a form shows a model to load: the bundled GGUF file as the default model's Hub id (a path in
+    site-packages means nothing to a person); on a public app (``is_public``) any other local path as its
+    display name, since a public page shows no paths; anything else as it is. load_name() reads it back."""
+    bundled = packaged_gguf()
+    if bundled is not None and Path(model) == bundled:
+        return DEFAULT_HUB_ID
+    return display_name(model) if is_public and is_local_path(model) else model
+
+
+def load_name(name: str) -> str:
+    """The model a name typed in a form loads: the default model's Hub id loads its bundled GGUF file when
+    installed (the same model, no download; Plan's "Launch this plan here" does the same), anything else
+    as typed."""
+    name = name.strip()
+    bundled = packaged_gguf()
+    return str(bundled) if name == DEFAULT_HUB_ID and bundled is not None else name
 
 
 def split_gguf_path(model: str) -> tuple[str, str | None]:

@@ -43,6 +43,24 @@ def test_split_gguf_path(tmp_path: Path):
         dm.split_gguf_path(str(tmp_path / "missing.gguf"))
 
 
+def test_forms_show_the_default_models_hub_id_and_load_its_bundled_file(tmp_path: Path):
+    bundled = str(dm.packaged_gguf())
+    assert dm.shown_name(bundled) == dm.DEFAULT_HUB_ID == dm.shown_name(bundled, is_public=True)
+    assert dm.load_name(f" {dm.DEFAULT_HUB_ID} ") == bundled  # the same model, no download
+    for typed in ("Qwen/Qwen2.5-0.5B-Instruct", str(tmp_path), "/models/other.Q8_0.gguf"):
+        assert dm.shown_name(typed) == typed and dm.load_name(typed) == typed  # as typed, paths included
+
+
+def test_a_public_app_names_a_local_model_without_its_path(tmp_path: Path):
+    folder = tmp_path / "my-llama"
+    folder.mkdir()
+    assert dm.shown_name(str(folder), is_public=True) == "my-llama"
+    assert dm.shown_name("/srv/m/qwen2.5-0.5b-instruct-q4_0.gguf", is_public=True) == (
+        "qwen2.5-0.5b-instruct · GGUF Q4_0"
+    )
+    assert dm.shown_name("Qwen/Qwen2.5-0.5B-Instruct", is_public=True) == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
 @pytest.mark.slow
 def test_default_model_knows_the_capital_of_france():
     model, tokenizer = load_hf_model(dm.default_model())

@@ -15,7 +15,10 @@ from backend.model_names import display_name, gguf_type
 from backend.planner import PlanRequest, detect_local_hardware
 from backend.planner.hardware import LocalGPU
 from backend.planner.launch_here import GIB, HEADROOM, decide
-from ui import launch_here, launch_tab
+from backend.public_policy import PublicPolicy
+from backend.server.engine_holder import EngineHolder
+from ui import launch_here, launch_tab, plan_tab
+from ui.common import AppContext
 
 GGUF = str(packaged_gguf())
 
@@ -89,6 +92,7 @@ def test_check_plan_fills_the_launch_form_or_explains(machine):
     plan = PlanRequest(model=GGUF, gpu="CPU", engine="embedded", max_model_len=2048).to_dict()
     verdict, button, form, other = launch_here.check_plan(plan)
     assert "data-can='1'" in verdict and form is not None and other is None and not button["visible"]
+    assert form["model"] == DEFAULT_HUB_ID  # the form names the bundled file by its Hub id, not its path
     assert launch_tab.launch_config(form) == launch_here.decide_here(plan).config  # the form round-trips
     assert form["kv_cache_memory_bytes"] >= 256  # MiB in the form
     verdict, button, form, other = launch_here.check_plan(None)
@@ -106,3 +110,22 @@ def test_the_launch_card_names_the_model_and_its_format():
     assert display_name("/models/qwen2.5-7b/", dtype="bfloat16") == "qwen2.5-7b · bfloat16"
     assert display_name("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"
     assert display_name(EngineConfig(model=GGUF).model).startswith("SmolLM2-135M-Instruct")
+
+
+def test_the_launch_box_names_the_apps_model_without_a_path(tmp_path):
+    local = AppContext(EngineHolder(), GGUF, "http://127.0.0.1:7860/v1")
+    assert local.shown_model == DEFAULT_HUB_ID and local.model_to_load(f"{DEFAULT_HUB_ID} ") == GGUF
+    assert DEFAULT_HUB_ID in launch_tab.model_help() and "GGUF Q4_1" in launch_tab.model_help()
+    assert plan_tab.model_choices(local, ["Qwen/Qwen3-8B", DEFAULT_HUB_ID]) == [
+        "Qwen/Qwen3-8B",
+        DEFAULT_HUB_ID,
+    ]
+    typed = {**launch_tab.form_defaults(), "model": f" {DEFAULT_HUB_ID}"}
+    assert launch_tab.launch_config(typed).model == GGUF  # typing the Hub id loads the bundled file too
+    folder = tmp_path / "owners-llama"
+    folder.mkdir()
+    policy = PublicPolicy(is_public=True, admin_token="admin")
+    public = AppContext(EngineHolder(), str(folder), "http://127.0.0.1:7860/v1", policy=policy)
+    assert public.shown_model == "owners-llama" and public.model_to_load("owners-llama") == str(folder)
+    assert plan_tab.model_choices(public, ["Qwen/Qwen3-8B"]) == ["Qwen/Qwen3-8B"]  # no path offered
+    launch_tab.authorize_launch(public, "admin", EngineConfig(model=GGUF))  # bundled: no Hub size check

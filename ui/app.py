@@ -40,6 +40,9 @@ CSS = """
 .kpi b { display: block; font-size: 1.25em; }
 .kpi span { color: #64748b; font-size: 0.85em; }
 .phases { color: #64748b; font-size: 0.85em; margin-top: 6px; }
+/* Launch form: a label too long for its column wraps instead of being cut (vLLM's names have no spaces) */
+#launch-form [data-testid="block-info"], #launch-form .checkbox-container span {
+  max-width: 100%; white-space: normal; overflow-wrap: anywhere; }
 """
 
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import httpx
 
+from backend.default_model import shown_name
 from backend.export.supervisor import ExternalServers
 from backend.public_policy import PublicPolicy
 from backend.server.engine_holder import EngineHolder
@@ -21,7 +22,7 @@ class AppContext:
     """Process-wide objects every tab's handlers use."""
 
     holder: EngineHolder
-    default_model: str  # GGUF path, folder or Hub id that Launch proposes
+    default_model: str  # GGUF path, folder or Hub id that Launch proposes (forms show shown_model)
     api_base: str  # this server's OpenAI-compatible API, e.g. http://127.0.0.1:7860/v1
     policy: PublicPolicy = field(default_factory=PublicPolicy)  # local mode unless the app is public
     api_key: str | None = field(default=None, repr=False)  # this app's /v1 key, sent to its own API only
@@ -31,6 +32,16 @@ class AppContext:
         """What Monitor and Benchmark may fetch: this app's own API, plus what the policy allows."""
         origin = httpx.URL(self.api_base).copy_with(path="/", query=None)
         return URLGuard(self.policy.is_public, str(origin).rstrip("/"), self.policy.allowed_urls)
+
+    @property
+    def shown_model(self) -> str:
+        """The app's model as the forms show it: never a path on a public app (shown_name)."""
+        return shown_name(self.default_model, self.policy.is_public)
+
+    def model_to_load(self, name: str) -> str:
+        """A model name from a form: the app's own model for the name the form showed for it."""
+        name = (name or "").strip()
+        return self.default_model if name == self.shown_model else name
 
     def key_for(self, url: str) -> str | None:
         """This app's API key when url is its own API (never sent elsewhere), else None."""

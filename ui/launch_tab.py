@@ -11,6 +11,7 @@ from typing import Any
 
 import gradio as gr
 
+from backend.default_model import DEFAULT_HUB_ID, load_name, packaged_gguf, shown_name
 from backend.engine.config import EngineConfig, cli_types, config_field, speculative_model
 from backend.engine.load_phases import LoadPhase
 from backend.engine.stats import EngineStats
@@ -50,7 +51,7 @@ def form_defaults() -> dict[str, Any]:
 
 def launch_config(form: dict[str, Any]) -> EngineConfig:
     """The form (field name -> value) as an EngineConfig; ValueError naming the field for a bad value."""
-    model = (form.get("model") or "").strip()
+    model = load_name(form.get("model") or "")
     if not model:
         raise ValueError("model is required: a local folder, a .gguf file or a Hub id")
     values: dict[str, Any] = {}
@@ -91,7 +92,7 @@ def form_values(config: EngineConfig) -> dict[str, Any]:
     values = {f.name: getattr(config, f.name) for f in engine_fields()}
     for name, scale in FORM_SCALE.items():
         values[name] = None if values[name] is None else values[name] // scale
-    return {"model": config.model, **values}
+    return {"model": shown_name(config.model), **values}
 
 
 @functools.cache
@@ -131,7 +132,11 @@ def status_html(holder: EngineHolder) -> str:
         return message("info", "Stopped: press Launch.", elem_id="engine-state", data={"state": "stopped"})
     name = display_name(status.config.model) if status.config else ""
     if status.state == EngineState.LOADING:
-        serving = f" ({status.serving.model} keeps serving until it is ready)" if status.serving else ""
+        serving = (
+            f" ({display_name(status.serving.model)} keeps serving until it is ready)"
+            if status.serving
+            else ""
+        )
         text = f"Loading {name} … {status.phase or 'starting'} · {status.load_seconds:.0f} s{serving}"
         return message("info", text, elem_id="engine-state", data={"state": "loading"})
     if status.state == EngineState.FAILED:
@@ -202,7 +207,7 @@ def launch_engine(
     except RuntimeError as exc:  # another tab is loading
         return error_message(str(exc)), status_html(holder)
     if status.error:
-        still = f"; {status.serving.model} keeps serving" if status.serving else ""
+        still = f"; {display_name(status.serving.model)} keeps serving" if status.serving else ""
         return error_message(f"Launch failed: {status.error}{still}"), status_html(holder)
     phases = phases_text(status.phases)
     ready = f"Engine ready in {status.load_seconds:.1f} s: {name} ({phases}). Open the Chat tab."
@@ -225,8 +230,10 @@ def authorize_launch(ctx: AppContext, token: str | None, config: EngineConfig) -
     policy = ctx.policy
     policy.check_admin(token)
     policy.check_trust_remote_code(config.trust_remote_code)
-    policy.check_model_name(config.model, presets=(ctx.default_model,))
-    if policy.is_public and config.model != ctx.default_model:
+    bundled = packaged_gguf()  # what the default model's Hub id loads (load_name): no download
+    own = (ctx.default_model, *([str(bundled)] if bundled is not None else []))
+    policy.check_model_name(config.model, presets=own)
+    if policy.is_public and config.model not in own:
         policy.check_model_size(config.model)
     draft = speculative_model(config)
     if draft is not None:  # a draft model is a second model to load: the same rules
@@ -243,6 +250,16 @@ def stop_engine(holder: EngineHolder, authorize: Callable[[], None] | None = Non
     except (ValueError, RuntimeError) as exc:  # not allowed, or still loading
         return error_message(str(exc)), status_html(holder)
     return ok_message("Engine stopped; its memory is released."), status_html(holder)
+
+
+def model_help() -> str:
+    """The model box's help: the engine's, and what the default model's Hub id loads here."""
+    text = config_field("model").metadata["help"]
+    bundled = packaged_gguf()
+    if bundled is None:
+        return text
+    kind = display_name(str(bundled)).split(" · ")[-1]  # "GGUF Q4_1"
+    return f"{text}; {DEFAULT_HUB_ID} runs from its bundled {kind} file (no download)"
 
 
 def default_config(model: str) -> EngineConfig:
@@ -269,12 +286,10 @@ class LaunchPanel:
 def build(ctx: AppContext, demo: gr.Blocks, plan_state: gr.State) -> LaunchPanel:
     holder = ctx.holder
     with gr.Row():
-        with gr.Column(scale=2):
-            inputs = {
-                "model": gr.Textbox(
-                    ctx.default_model, label="model", info=config_field("model").metadata["help"]
-                )
-            }
+        # the wider side: three knobs a row with vLLM's full names readable (CSS in ui/app.py wraps them
+        # on narrower screens)
+        with gr.Column(scale=5, elem_id="launch-form"):
+            inputs = {"model": gr.Textbox(ctx.shown_model, label="model", info=model_help())}
             knobs = [f for f in engine_fields() if cli_types()[f.name] is not bool]
             for row in range(0, len(knobs), 3):
                 with gr.Row():
@@ -312,8 +327,10 @@ def build(ctx: AppContext, demo: gr.Blocks, plan_state: gr.State) -> LaunchPanel
 
     def on_launch(data: dict, progress: gr.Progress = gr.Progress()) -> str:  # noqa: B008 (Gradio's idiom)
         authorize = functools.partial(authorize_launch, ctx, data[admin])
+        form = form_values_of(inputs, data)
+        form["model"] = ctx.model_to_load(form["model"])  # the name the box showed for the app's model
         # the status refreshes right after
-        return launch_engine(holder, form_values_of(inputs, data), progress=progress, authorize=authorize)[0]
+        return launch_engine(holder, form, progress=progress, authorize=authorize)[0]
 
     def on_stop(token: str | None) -> tuple[str, str]:
         return stop_engine(holder, authorize=functools.partial(ctx.policy.check_admin, token))

@@ -8,6 +8,7 @@ from typing import Any
 
 import gradio as gr
 
+from backend.default_model import shown_name
 from backend.planner.request import ENGINES, PlanRequest
 from ui import charts
 from ui.common import (
@@ -189,6 +190,13 @@ class PlanPanel:
     alternative: gr.Button
 
 
+def model_choices(ctx: AppContext, presets: list[str]) -> list[str]:
+    """The presets and the app's own model by the name that plans it (the default model's Hub id, not its
+    bundled file's path); a public app's local model is left out, as its only name there is no path."""
+    own = [ctx.shown_model] if ctx.shown_model == shown_name(ctx.default_model) else []
+    return list(dict.fromkeys([*presets, *own]))
+
+
 def build(ctx: AppContext, demo: gr.Blocks) -> PlanPanel:
     """The Plan tab; its state holds the last valid PlanRequest (as a dict) for other tabs."""
     from backend.planner import list_gpus, list_kv_cache_dtypes, list_presets, list_quantizations
@@ -199,7 +207,7 @@ def build(ctx: AppContext, demo: gr.Blocks) -> PlanPanel:
             hub = gr.HTML(elem_id="hub-badge")
             form: dict[str, Any] = {
                 "model": gr.Dropdown(
-                    [*list_presets(), ctx.default_model],
+                    model_choices(ctx, list_presets()),
                     value=DEFAULT_PRESET,
                     label="Model",
                     allow_custom_value=True,
