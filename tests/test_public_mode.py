@@ -147,8 +147,15 @@ def test_the_owner_cannot_enable_remote_code_or_name_local_paths_either(app):
     for model, message in messages.items():
         assert "Hugging Face Hub only" in message, message
         assert message.replace(model, "X") == messages["/etc"].replace("/etc", "X")  # exists or not: same
-    offline = app.launch(ADMIN, model="HuggingFaceTB/SmolLM2-135M-Instruct")
-    assert "cannot read HuggingFaceTB/SmolLM2-135M-Instruct's file sizes from the Hub" in offline
+    offline = app.launch(ADMIN, model="Qwen/Qwen2.5-0.5B-Instruct")
+    assert "cannot read Qwen/Qwen2.5-0.5B-Instruct's file sizes from the Hub" in offline
+
+
+def test_the_launch_form_names_the_owners_model_without_its_path(app):
+    params = app.client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/launch"]
+    shown = next(p["parameter_default"] for p in params["parameters"] if p["label"] == "model")
+    assert shown == Path(app.model).name  # "llama", the folder's name: the page and its API show no path
+    assert "Engine ready" in app.launch(ADMIN, model=shown)  # and that name launches the owner's model
 
 
 def test_the_plan_tab_refuses_local_paths(app):

@@ -1,8 +1,9 @@
 """The web app in a real browser (Debian's chromium driven by Playwright), against `python app.py`.
 
-One app process serves the whole module; the tests run in file order and share one page, like a user
-going through the tabs: Plan -> "Launch this plan here" -> Launch -> Chat (+ load) -> Benchmark -> Monitor
--> Export. Each saves a screenshot of its tab to assets/screenshots/ (the README shows them).
+One app process serves the whole module and the tests share one page, like a user going through the tabs:
+Plan -> "Launch this plan here" -> Launch -> Chat (+ load) -> Benchmark -> Monitor -> Export. Each test
+sets up what it needs (its tab, the plan, the `engine` fixture), so any one of them also passes alone. Each
+saves a screenshot of its tab to assets/screenshots/ (the README shows them).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from backend.default_model import DEFAULT_HUB_ID
 from tests.browser_utils import LOAD_S, app_server, browser_page, choose, open_tab, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -32,6 +34,38 @@ def page(server):
         yield page
 
 
+@pytest.fixture(scope="module")
+def engine(server, page):
+    """The default model serving in the app: Launch tab -> Launch, unless an earlier test (Plan -> Launch
+    this plan here) already started it."""
+    if httpx.get(server + "/v1/models").status_code != 200:
+        open_tab(page, "Launch")
+        page.click("#launch-button")
+        page.wait_for_selector("#engine-state[data-state=ready]", timeout=LOAD_S)
+    return server
+
+
+def plan_llama_8b_on_h100(page) -> None:
+    """The Plan tab set to Llama-3.1-8B on one H100 (what Launch this plan here and Export start from)."""
+    open_tab(page, "Plan")
+    choose(page, "plan-model", "meta-llama/Llama-3.1-8B-Instruct")
+    choose(page, "plan-gpu", "H100-80GB")
+    page.wait_for_selector("#plan-badge:has-text('Fits')")
+
+
+def cut_off_labels(page, container: str) -> list[str]:
+    """The labels under container whose text does not fit the box around it (what a user sees cut)."""
+    return page.evaluate(
+        """(container) => [...document.querySelectorAll(
+            `${container} [data-testid=block-info], ${container} .checkbox-container`)]
+          .filter(e => e.offsetParent !== null)
+          .filter(e => e.scrollWidth > e.clientWidth + 1 ||
+                       e.getBoundingClientRect().right > e.closest("div.block").getBoundingClientRect().right)
+          .map(e => e.innerText)""",
+        container,
+    )
+
+
 def test_page_and_api_share_one_server(server, page):
     assert "gradio" in httpx.get(server + "/").text.lower()
     response = httpx.get(server + "/v1/models")
@@ -46,12 +80,11 @@ def test_page_and_api_share_one_server(server, page):
 def test_plan_llama_8b_on_h100(page):
     from backend.planner import PlanRequest, estimate
 
+    open_tab(page, "Plan")
     choose(page, "plan-model", "Qwen/Qwen2.5-72B-Instruct")
     page.wait_for_selector("#plan-badge:has-text('Does not fit')")  # 72B in bf16 on one H100
-    choose(page, "plan-model", "meta-llama/Llama-3.1-8B-Instruct")
-    choose(page, "plan-gpu", "H100-80GB")
+    plan_llama_8b_on_h100(page)
     expected = estimate(PlanRequest(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100-80GB")).to_dict()
-    page.wait_for_selector("#plan-badge:has-text('Fits')")
     page.wait_for_selector(f"#plan-kpis:has-text('{expected['kv_cache_tokens']:,} tokens')")
     kpis = page.locator("#plan-kpis").inner_text()
     assert f"{expected['kv_cache_bytes'] / 1024**3:,.2f} GiB" in kpis
@@ -63,6 +96,7 @@ def test_plan_llama_8b_on_h100(page):
 
 def test_launch_this_plan_here_explains_and_offers_the_default_model(page, server):
     """The 8B plan cannot run here (no GPU, no Hub): the verdict says so, and the suggestion launches."""
+    plan_llama_8b_on_h100(page)
     page.click("#plan-launch-here")
     page.wait_for_selector("#launch-verdict[data-can='0']")
     verdict = page.locator("#launch-verdict").inner_text()
@@ -73,6 +107,10 @@ def test_launch_this_plan_here_explains_and_offers_the_default_model(page, serve
     page.wait_for_selector("#engine-state[data-state=ready]", timeout=LOAD_S)
     card = page.locator("#launch-status").inner_text()
     assert "SmolLM2-135M-Instruct · GGUF Q4_1" in card and "site-packages" not in card
+    # the form names the model by its Hub id (it runs from the bundled GGUF file), never by a path
+    assert page.locator("#launch-form textarea").first.input_value() == DEFAULT_HUB_ID
+    assert "site-packages" not in page.locator("#launch-form").inner_text()
+    assert cut_off_labels(page, "#launch-form") == []  # vLLM's knob names are readable in full
     assert "read weights" in page.locator("#load-phases").inner_text()  # where the load time went
     other = page.context.new_page()  # a second browser tab sees the same, shared engine
     other.goto(server + "/")
@@ -84,7 +122,7 @@ def test_launch_this_plan_here_explains_and_offers_the_default_model(page, serve
     shot(page, "launch")
 
 
-def test_chat_streams_while_kv_chart_rises(page):
+def test_chat_streams_while_kv_chart_rises(page, engine):
     open_tab(page, "Chat")
     page.fill("#chat-input textarea", "Write a long story about a dragon who learns to cook.")
     # the page records every length the reply shows (a slow test loop on a busy machine would miss some)
@@ -114,7 +152,8 @@ def test_chat_streams_while_kv_chart_rises(page):
     assert "tok/s" in page.locator("#chat-reply-stats").inner_text()
 
 
-def test_load_of_16_requests_batches(page):
+def test_load_of_16_requests_batches(page, engine):
+    open_tab(page, "Chat")
     page.fill("#load-n input", "16")
     page.fill("#load-tokens input", "48")
     page.click("#load-fire")
@@ -128,7 +167,7 @@ def test_load_of_16_requests_batches(page):
     page.wait_for_selector("#load-message .msg-ok:has-text('16 requests')", timeout=180_000)  # all finished
 
 
-def test_short_benchmark_table(page):
+def test_short_benchmark_table(page, engine):
     open_tab(page, "Benchmark")
     for elem_id, value in (("bench-requests", "8"), ("bench-input", "32"), ("bench-output", "16")):
         page.fill(f"#{elem_id} input", value)
@@ -141,7 +180,7 @@ def test_short_benchmark_table(page):
     shot(page, "benchmark")
 
 
-def test_monitor_reads_our_metrics(page):
+def test_monitor_reads_our_metrics(page, engine):
     open_tab(page, "Monitor")
     page.click("#monitor-start")
     page.wait_for_selector("#monitor-message:has-text('embedded')")
@@ -150,6 +189,7 @@ def test_monitor_reads_our_metrics(page):
 
 
 def test_export_zip_has_vllm_command_and_compose(page):
+    plan_llama_8b_on_h100(page)
     open_tab(page, "Export")
     page.click("#export-generate")
     page.wait_for_selector("#export-message:has-text('files ready')")
