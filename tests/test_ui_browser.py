@@ -102,7 +102,9 @@ def test_launch_this_plan_here_explains_and_offers_the_default_model(page, serve
     verdict = page.locator("#launch-verdict").inner_text()
     assert "no Hub access" in verdict and "no GPU here" in verdict and "Export tab" in verdict
     shot(page, "plan-launch-here")
-    page.click("#plan-alternative")  # "Launch SmolLM2… instead": the Launch tab opens and loads it
+    suggestion = page.locator("#plan-alternative").inner_text()
+    assert suggestion == "Launch SmolLM2-135M-Instruct · GGUF Q4_1 instead"  # the model and its format
+    page.click("#plan-alternative")  # the Launch tab opens and loads it
     page.wait_for_selector("#launch-button:visible")
     page.wait_for_selector("#engine-state[data-state=ready]", timeout=LOAD_S)
     card = page.locator("#launch-status").inner_text()

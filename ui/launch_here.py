@@ -65,7 +65,7 @@ def check_plan(plan: dict[str, Any] | None) -> tuple[str, Any, dict | None, dict
         return error_message(describe(exc)), gr.update(visible=False), None, None
     take = launch_tab.form_values(decision.config) if decision.config is not None else None
     other = launch_tab.form_values(decision.alternative) if decision.alternative is not None else None
-    label = f"Launch {display_name(other['model'])} instead" if other else ""
+    label = f"Launch {display_name(decision.alternative.model)} instead" if decision.alternative else ""
     button = gr.update(visible=other is not None, value=label)
     return verdict_html(decision), button, take, other
 
