@@ -35,7 +35,7 @@ class PrefillChunk:
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] flat slot in the pool for each token's K/V
     positions: torch.Tensor  # [num_tokens] int64 position of each token in its sequence
-    num_decodes: int  # the first num_decodes tokens are decodes, one per sequence
+    num_decodes: int  # the first num_decodes tokens are decode rows (a sequence's token, then its drafts)
     decode_rows: torch.Tensor | None  # pool_rows of the block tables, each padded to max_blocks with block 0
     decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size], True = attend
     decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] for the CPU kernel, else None

@@ -86,16 +86,19 @@ class ModelRunner:
         """Run one step. Returns the sequences that sample (in row order) and their logits [n, vocab] fp32,
         `num_logits` consecutive rows per sequence (1 + its drafts when it verifies drafts).
 
-        Rows are decodes first (one token each), then prefill chunks, like vLLM's V1 runner."""
-        decodes = [s for s in scheduled if s.num_new_tokens == 1]
-        prefills = [s for s in scheduled if s.num_new_tokens > 1]
+        Rows are decodes first, then prefill chunks, like vLLM's V1 runner. A decode is one token, or one
+        token and its drafts: each draft row is a decode row of its own whose context ends at it (the
+        decode kernel, not a prefill chunk's gather and masked attention; vLLM's spec decode does the same)."""
+        decodes = [s for s in scheduled if s.num_new_tokens == 1 + len(s.spec_token_ids)]
+        prefills = [s for s in scheduled if s.num_new_tokens != 1 + len(s.spec_token_ids)]
         ordered = decodes + prefills
         inputs = self.prepare_inputs(ordered)
-        chunks, prefill_blocks = self.prepare_prefill(prefills, first_row=len(decodes))
+        num_decode_rows = sum(s.num_new_tokens for s in decodes)
+        chunks, prefill_blocks = self.prepare_prefill(prefills, first_row=num_decode_rows)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(inputs.slots, device=self.device),
             positions=torch.tensor(inputs.positions, device=self.device),
-            num_decodes=len(decodes),
+            num_decodes=num_decode_rows,
             decode_rows=None,
             decode_mask=None,
             decode_block_tables=None,
@@ -146,24 +149,29 @@ class ModelRunner:
         return chunks, gather_blocks
 
     def prepare_decode(self, decodes: list[ScheduledSeq], meta: AttentionMetadata) -> int:
-        """Fill meta's decode fields: padded block tables for the CPU kernel, else pool rows and a mask
-        for the PyTorch path. Returns how many blocks the PyTorch path gathers (0 for the kernel)."""
+        """Fill meta's decode fields, one row per token (a draft's context ends at the draft): padded block
+        tables for the CPU kernel, else pool rows and a mask for the PyTorch path. Returns how many blocks
+        the PyTorch path gathers (0 for the kernel)."""
         bs = self.block_size
-        context_lens = [s.seq.num_computed_tokens + 1 for s in decodes]
+        context_lens: list[int] = []
+        for s in decodes:
+            first = s.seq.num_computed_tokens + 1
+            context_lens.extend(range(first, first + s.num_new_tokens))
         max_blocks = -(-max(context_lens) // bs)
         padded: list[int] = []
         for s in decodes:
             table = s.seq.block_table[:max_blocks]
-            padded += table + [0] * (max_blocks - len(table))
+            padded += (table + [0] * (max_blocks - len(table))) * s.num_new_tokens
+        rows = len(context_lens)
         lens = torch.tensor(context_lens, device=self.device)
         if self.decode_kernel:
-            meta.decode_block_tables = torch.tensor(padded).view(len(decodes), max_blocks)
+            meta.decode_block_tables = torch.tensor(padded).view(rows, max_blocks)
             meta.decode_context_lens = lens
             return 0
         meta.decode_rows = pool_rows(padded, *self.pool_shape, self.device)
         key_pos = torch.arange(max_blocks * bs, device=self.device)
         meta.decode_mask = (key_pos[None, :] < lens[:, None])[:, None, None, :]
-        return len(decodes) * max_blocks
+        return rows * max_blocks
 
     def gather_buffers(self, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Scratch K and V buffers, reused by every layer, for the blocks the PyTorch paths gather."""
