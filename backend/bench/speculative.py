@@ -128,7 +128,8 @@ def paired_round(engines: dict, pieces: list, measure, first: int) -> Round:
             tokens, seconds = measure(engines[name], piece)
             result.tokens[name] += tokens
             result.seconds[name] += seconds
-    result.drafts = tuple(a - b for a, b in zip(spec_counts(engines["ngram"]), before, strict=True))
+    after = spec_counts(engines["ngram"])
+    result.drafts = (after[0] - before[0], after[1] - before[1], after[2] - before[2])
     return result
 
 

@@ -17,3 +17,8 @@ class EngineDeadError(RuntimeError):
 
 class EngineOverloadedError(RuntimeError):
     """Too many requests are waiting to be scheduled: retry later (HTTP 503 + Retry-After)."""
+
+
+def describe(exc: BaseException) -> str:
+    """`Type: message`, how a failed request's error names what went wrong."""
+    return f"{type(exc).__name__}: {exc}"

@@ -48,3 +48,9 @@ def fault_injector_from_env(tokenizer: Any) -> FaultInjector | None:
         raise ValueError(f"{ENV_VAR} must be '<phase>:<marker>,...' with phase in {PHASES}, got {value!r}")
     log.warning("TEST-ONLY fault injection is on (%s=%s)", ENV_VAR, value)
     return FaultInjector(faults, tokenizer)
+
+
+def check_fault(injector: FaultInjector | None, phase: str, seqs: Seqs[Sequence]) -> None:
+    """Raise InjectedFault when a test asked for one in this phase for one of seqs (no-op when off)."""
+    if injector is not None:
+        injector.check(phase, seqs)

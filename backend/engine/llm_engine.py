@@ -4,26 +4,27 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from backend.engine import cpu_kernels
 from backend.engine.block_manager import BlockManager
 from backend.engine.config import EngineConfig
 from backend.engine.detokenizer import IncrementalDetokenizer
-from backend.engine.device import kv_cache_budget_bytes, resolve_device, resolve_dtype
-from backend.engine.fault_injection import fault_injector_from_env
+from backend.engine.device import resolve_device, resolve_dtype
+from backend.engine.exceptions import describe
+from backend.engine.fault_injection import check_fault, fault_injector_from_env
+from backend.engine.kv_cache_utils import size_kv_pool
 from backend.engine.load_phases import LoadPhases
 from backend.engine.loader import load_model, rope_tables
 from backend.engine.model_runner import ModelRunner
-from backend.engine.output_processor import append_token, token_logprobs
 from backend.engine.outputs import RequestMetrics, RequestOutput
 from backend.engine.request import Request
 from backend.engine.sampler import Sampler
 from backend.engine.sampling_params import SamplingParams
-from backend.engine.scheduler import ScheduledSeq, Scheduler
+from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence
 from backend.engine.spec_decode.speculator import make_speculator
 from backend.engine.stats import EngineCounters, EngineStats, engine_stats
+from backend.engine.step_update import StepUpdate
 from backend.engine.structured_output import StructuredOutputManager
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class LLMEngine:
         model = loaded.model
         self.weights_bytes = model.weights_bytes()
         with phases.phase("allocate KV cache"):
-            num_blocks, self.max_model_len = self._size_kv_pool(model)
+            num_blocks, self.max_model_len = size_kv_pool(config, self.hf_config, model, self.device)
             cos, sin = rope_tables(self.hf_config, model.args.head_dim, self.max_model_len)
             model.rope_cos, model.rope_sin = cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
             self.runner = ModelRunner(model, num_blocks, config.block_size, config.kv_cache_dtype)
@@ -68,37 +69,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.counters = EngineCounters()
         self.fault_injector = fault_injector_from_env(self.tokenizer)  # test-only; None unless set
-
-    def _size_kv_pool(self, model) -> tuple[int, int]:
-        """(number of KV blocks, max_model_len): the pool always holds at least one max-length sequence."""
-        cfg, bs = self.config, self.config.block_size
-        model_limit = getattr(self.hf_config, "max_position_embeddings", None) or 2048
-        window = getattr(self.hf_config, "sliding_window", None)
-        if window and getattr(self.hf_config, "use_sliding_window", True):
-            model_limit = min(model_limit, window)  # within the window, attention is plain causal
-        if cfg.max_model_len is not None and cfg.max_model_len > model_limit:
-            raise ValueError(
-                f"max_model_len={cfg.max_model_len} exceeds the model's limit of {model_limit} tokens"
-            )
-        max_len = cfg.max_model_len or model_limit
-        per_block = ModelRunner.bytes_per_block(model, bs, cfg.kv_cache_dtype)
-        if cfg.num_kv_blocks is not None:
-            num_blocks = cfg.num_kv_blocks
-        elif cfg.kv_cache_memory_bytes is not None:
-            num_blocks = cfg.kv_cache_memory_bytes // per_block
-        else:
-            enough = cfg.max_num_seqs * -(-max_len // bs)
-            num_blocks = min(enough, kv_cache_budget_bytes(self.device) // per_block)
-        if num_blocks < 1:
-            raise ValueError(f"the KV pool must hold at least one block of {per_block} bytes")
-        if num_blocks * bs < max_len:
-            if cfg.max_model_len is not None:
-                raise ValueError(
-                    f"max_model_len={max_len} needs {-(-max_len // bs)} KV blocks of {bs} tokens, "
-                    f"but the KV pool has only {num_blocks}; lower max_model_len or give the pool more memory"
-                )
-            max_len = num_blocks * bs
-        return num_blocks, max_len
+        self.update = StepUpdate(self)
 
     # ---- requests ----
     def process_inputs(self, prompt: str | list[int], params: SamplingParams) -> tuple[str | None, list[int]]:
@@ -202,7 +173,7 @@ class LLMEngine:
             try:
                 self.speculator.propose(self.scheduler.running)
             except Exception as exc:  # the draft model's forward pass: fail the sequences it served
-                why = f"proposing draft tokens failed: {_describe(exc)}"
+                why = f"proposing draft tokens failed: {describe(exc)}"
                 return self._fail_requests({seq.request_id: why for seq in self.scheduler.running})
         scheduled = self.scheduler.schedule()
         if not scheduled:
@@ -212,36 +183,23 @@ class LLMEngine:
             if item.seq.metrics.first_scheduled_time is None:
                 item.seq.metrics.first_scheduled_time = now
         try:
-            self._check_fault("execute", [item.seq for item in scheduled])
+            check_fault(self.fault_injector, "execute", [item.seq for item in scheduled])
             sampling, logits = self.runner.execute(scheduled)
         except Exception as exc:  # one forward pass serves the whole batch: fail the requests in it
-            why = f"running the model failed: {_describe(exc)}"
+            why = f"running the model failed: {describe(exc)}"
             return self._fail_requests({item.seq.request_id: why for item in scheduled})
         failed: dict[str, str] = {}
         for item in scheduled:
-            if not item.spec_token_ids:  # a verification advances by what it accepts (_verify)
+            if not item.spec_token_ids:  # a verification advances by what it accepts (StepUpdate)
                 item.seq.num_computed_tokens += item.num_new_tokens
                 self.block_manager.cache_full_blocks(item.seq)
-        touched: dict[str, Request] = {}
         now = time.time()
-        if any(item.spec_token_ids for item in sampling):
-            sampling, logits = self._verify(sampling, logits, failed, touched, now)
-        seqs = [item.seq for item in sampling]
-        logits = self.structured_output.apply_bitmask(logits, [seq.grammar for seq in seqs])
-        tokens, logprobs = self._sample(logits, seqs, failed)
-        for row, (seq, token_id) in enumerate(zip(seqs, tokens, strict=True)):
-            if token_id is None or seq.request_id in failed:
-                continue
-            try:
-                self._update(seq, token_id, None if logprobs is None else logprobs[row], now)
-            except Exception as exc:  # detokenizing or a stop check of this sequence failed
-                failed[seq.request_id] = f"processing the output failed: {_describe(exc)}"
-                continue
-            touched[seq.request_id] = self.requests[seq.request_id]
+        touched = self.update.update_from_output(sampling, logits, failed, now)
         outputs = self._fail_requests(failed)
-        for request in touched.values():
-            if request.request_id in failed:
+        for request_id in touched:
+            if request_id in failed:
                 continue
+            request = self.requests[request_id]
             if request.finished:
                 request.metrics.finished_time = now
                 del self.requests[request.request_id]
@@ -250,86 +208,5 @@ class LLMEngine:
         self.counters.record_step(time.perf_counter() - start)
         return outputs
 
-    def _verify(
-        self, sampling: list[ScheduledSeq], logits, failed: dict[str, str], touched: dict, now: float
-    ) -> tuple[list[ScheduledSeq], Any]:
-        """Verify the drafts of the sequences that carried some; returns the others and their logits."""
-        assert self.speculator is not None
-        plain: list[ScheduledSeq] = []
-        plain_rows: list[int] = []
-        row = 0
-        for item in sampling:  # every item samples: 1 + drafts rows (num_computed_tokens moved on)
-            num_rows = 1 + len(item.spec_token_ids)
-            rows = logits[row : row + num_rows]
-            if not item.spec_token_ids:
-                plain.append(item)
-                plain_rows.append(row)
-            else:
-                try:
-                    self._check_fault("sample", [item.seq])
-                    tokens = self.speculator.verify(item, rows)
-                    self._accept(item, tokens, rows, now)
-                    touched[item.seq.request_id] = self.requests[item.seq.request_id]
-                except Exception as exc:  # this sequence's sampling or output processing
-                    failed[item.seq.request_id] = f"verifying draft tokens failed: {_describe(exc)}"
-            row += num_rows
-        return plain, logits[plain_rows]
-
-    def _accept(self, item: ScheduledSeq, tokens: list[int], logits, now: float) -> None:
-        """Append the verified tokens; the KV of the accepted drafts stays, that of the rejected goes."""
-        seq, num_accepted = item.seq, len(tokens) - 1
-        seq.num_computed_tokens += item.num_new_tokens - len(item.spec_token_ids) + num_accepted
-        logprobs = logits.log_softmax(-1) if seq.logprobs is not None else None
-        for i, token_id in enumerate(tokens):
-            self._update(seq, token_id, None if logprobs is None else logprobs[i], now)
-            if seq.is_finished:
-                return
-        self.block_manager.cache_full_blocks(seq)  # only now: a block is hashed once its tokens are known
-        self.scheduler.rollback(seq)
-
-    def _sample(self, logits, seqs: list[Sequence], failed: dict[str, str]) -> tuple[list, Any]:
-        """Tokens per row (None where that row failed) and the logprob rows (or None)."""
-        try:
-            self._check_fault("sample", seqs)
-            return self.sampler.sample(logits, seqs)
-        except Exception:  # find the rows at fault: sample each alone
-            tokens: list[int | None] = []
-            rows: list = []
-            for i, seq in enumerate(seqs):
-                try:
-                    self._check_fault("sample", [seq])
-                    (token,), logprobs = self.sampler.sample(logits[i : i + 1], [seq])
-                    tokens.append(token)
-                    rows.append(None if logprobs is None else logprobs[0])
-                except Exception as exc:  # this row's own parameters or state
-                    failed[seq.request_id] = f"sampling failed: {_describe(exc)}"
-                    tokens.append(None)
-                    rows.append(None)
-            return tokens, rows
-
-    def _update(self, seq: Sequence, token_id: int, logprobs_row, now: float) -> None:
-        """Append one sampled token to seq: logprobs, detokenization, stop checks, metrics."""
-        if seq.num_output_tokens == 0 and seq.index == 0:
-            self.counters.prompt_tokens += seq.num_prompt_tokens
-        if seq.logprobs is not None:
-            seq.logprobs.append(
-                token_logprobs(logprobs_row, token_id, seq.params.logprobs or 0, self.tokenizer)
-            )
-        append_token(seq, token_id, self.eos_token_ids, self.max_model_len)
-        if seq.finish_reason is not None:
-            self.scheduler.finish(seq)
-        metrics = seq.metrics
-        metrics.first_token_time = metrics.first_token_time or now
-        metrics.last_token_time = now
-        self.counters.generation_tokens += 1
-
-    def _check_fault(self, phase: str, seqs: list[Sequence]) -> None:
-        if self.fault_injector is not None:
-            self.fault_injector.check(phase, seqs)
-
     def stats(self) -> EngineStats:
         return engine_stats(self)
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"

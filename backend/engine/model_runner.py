@@ -88,7 +88,7 @@ class ModelRunner:
 
         Rows are decodes first, then prefill chunks, like vLLM's V1 runner. A decode is one token, or one
         token and its drafts: each draft row is a decode row of its own whose context ends at it (the
-        decode kernel, not a prefill chunk's gather and masked attention; vLLM's spec decode does the same)."""
+        decode kernel, not a prefill chunk's gather and masked attention; as vLLM's spec decode does)."""
         decodes = [s for s in scheduled if s.num_new_tokens == 1 + len(s.spec_token_ids)]
         prefills = [s for s in scheduled if s.num_new_tokens != 1 + len(s.spec_token_ids)]
         ordered = decodes + prefills

@@ -1,0 +1,46 @@
+"""How many KV blocks the pool gets and the context length it supports (vLLM's kv_cache_utils)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from backend.engine.config import EngineConfig
+from backend.engine.device import kv_cache_budget_bytes
+from backend.engine.model_runner import ModelRunner
+from backend.engine.models.llama import LlamaForCausalLM
+
+
+def size_kv_pool(
+    config: EngineConfig, hf_config: Any, model: LlamaForCausalLM, device: torch.device
+) -> tuple[int, int]:
+    """(number of KV blocks, max_model_len): the pool always holds at least one max-length sequence."""
+    bs = config.block_size
+    model_limit = getattr(hf_config, "max_position_embeddings", None) or 2048
+    window = getattr(hf_config, "sliding_window", None)
+    if window and getattr(hf_config, "use_sliding_window", True):
+        model_limit = min(model_limit, window)  # within the window, attention is plain causal
+    if config.max_model_len is not None and config.max_model_len > model_limit:
+        raise ValueError(
+            f"max_model_len={config.max_model_len} exceeds the model's limit of {model_limit} tokens"
+        )
+    max_len = config.max_model_len or model_limit
+    per_block = ModelRunner.bytes_per_block(model, bs, config.kv_cache_dtype)
+    if config.num_kv_blocks is not None:
+        num_blocks = config.num_kv_blocks
+    elif config.kv_cache_memory_bytes is not None:
+        num_blocks = config.kv_cache_memory_bytes // per_block
+    else:
+        enough = config.max_num_seqs * -(-max_len // bs)
+        num_blocks = min(enough, kv_cache_budget_bytes(device) // per_block)
+    if num_blocks < 1:
+        raise ValueError(f"the KV pool must hold at least one block of {per_block} bytes")
+    if num_blocks * bs < max_len:
+        if config.max_model_len is not None:
+            raise ValueError(
+                f"max_model_len={max_len} needs {-(-max_len // bs)} KV blocks of {bs} tokens, "
+                f"but the KV pool has only {num_blocks}; lower max_model_len or give the pool more memory"
+            )
+        max_len = num_blocks * bs
+    return num_blocks, max_len
