@@ -42,6 +42,7 @@ SIGNATURES = {
     "rms_norm": [PTR, PTR, PTR, INT, INT, FLOAT],
     "add_rms_norm": [PTR] * 5 + [INT, INT, FLOAT],
     "silu_and_mul": [PTR, PTR, INT, INT],
+    "argmax": [PTR, PTR, INT, INT],
 }
 QUANT_TYPES = ("q4_0", "q4_1", "q8_0", "q4_k", "q6_k")  # csrc/quantized.cpp
 QUANT_SIGNATURES = {"quant_gemv": [PTR] * 4 + [INT] * 4, "quant_dequant": [PTR, PTR, INT, INT]}
@@ -285,6 +286,15 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = gate_up.new_empty(rows, dim)
     getattr(load_library(), f"silu_and_mul_{SUFFIX[gate_up.dtype]}")(
         gate_up.data_ptr(), out.data_ptr(), rows, dim
+    )
+    return out
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """logits.argmax(-1) for logits [rows, n] (contiguous): the first largest, or the first NaN, per row."""
+    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    getattr(load_library(), f"argmax_{SUFFIX[logits.dtype]}")(
+        logits.data_ptr(), out.data_ptr(), logits.shape[0], logits.shape[1]
     )
     return out
 

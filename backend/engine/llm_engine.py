@@ -56,7 +56,7 @@ class LLMEngine:
             model.rope_cos, model.rope_sin = cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
             self.runner = ModelRunner(model, num_blocks, config.block_size, config.kv_cache_dtype)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.sampler = Sampler(config.seed)
+        self.sampler = Sampler(config.seed, use_kernel=self.runner.decode_kernel)
         self.speculator = make_speculator(self, num_blocks)
         self.scheduler = Scheduler(
             self.block_manager,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import math
 import mmap
 from dataclasses import dataclass
@@ -31,6 +32,14 @@ FP8_CACHE_DTYPES = {
     "fp8_e5m2": torch.float8_e5m2,
 }
 assert set(FP8_CACHE_DTYPES) == set(KV_CACHE_DTYPES) - {"auto"}, "every kv_cache_dtype has a torch dtype"
+
+
+def int64_tensor(values: list[int], device: torch.device) -> torch.Tensor:
+    """torch.tensor(values) as int64 on device, built through an array.array: about 10x faster for a list
+    of Python ints (torch.tensor takes about 150 ns an element; a step's block tables hold hundreds)."""
+    if not values:
+        return torch.empty(0, dtype=torch.int64, device=device)
+    return torch.frombuffer(array.array("q", values), dtype=torch.int64).to(device)
 
 
 def kv_cache_torch_dtype(model: LlamaForCausalLM, kv_cache_dtype: str) -> torch.dtype:
@@ -96,8 +105,8 @@ class ModelRunner:
         num_decode_rows = sum(s.num_new_tokens for s in decodes)
         chunks, prefill_blocks = self.prepare_prefill(prefills, first_row=num_decode_rows)
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(inputs.slots, device=self.device),
-            positions=torch.tensor(inputs.positions, device=self.device),
+            slot_mapping=int64_tensor(inputs.slots, self.device),
+            positions=int64_tensor(inputs.positions, self.device),
             num_decodes=num_decode_rows,
             decode_rows=None,
             decode_mask=None,
@@ -163,9 +172,9 @@ class ModelRunner:
             table = s.seq.block_table[:max_blocks]
             padded += (table + [0] * (max_blocks - len(table))) * s.num_new_tokens
         rows = len(context_lens)
-        lens = torch.tensor(context_lens, device=self.device)
+        lens = int64_tensor(context_lens, self.device)
         if self.decode_kernel:
-            meta.decode_block_tables = torch.tensor(padded).view(rows, max_blocks)
+            meta.decode_block_tables = int64_tensor(padded, self.device).view(rows, max_blocks)
             meta.decode_context_lens = lens
             return 0
         meta.decode_rows = pool_rows(padded, *self.pool_shape, self.device)
@@ -186,10 +195,10 @@ class ModelRunner:
     def run(self, inputs: StepInputs, meta: AttentionMetadata) -> torch.Tensor:
         """The model's forward pass; logits [len(logits_rows), vocab] fp32."""
         logits = self.model(
-            torch.tensor(inputs.input_ids, device=self.device),
+            int64_tensor(inputs.input_ids, self.device),
             meta.positions,
             self.kv_caches,
             meta,
-            torch.tensor(inputs.logits_rows, device=self.device, dtype=torch.long),
+            int64_tensor(inputs.logits_rows, self.device),
         )
         return logits.float()

@@ -37,35 +37,39 @@ struct Float8E5M2 {
     uint8_t bits;
 };
 
-// fp8 with M mantissa bits and exponent bias BIAS: to float, and from a float within range
+// fp8 with M mantissa bits and exponent bias BIAS: to float, and from a float within range. Branch-free
+// (selects, not branches), so that loops over them vectorize. NaN converts to NaN both ways, as torch's casts
+// (e4m3fn has no infinities: S.1111.111 is its NaN; e5m2's exponent 31 holds infinities and NaNs).
 template <int M, int BIAS>
 inline float fp8_to_float(uint8_t b) {
-    const uint32_t sign = uint32_t(b & 0x80) << 24, exp = (b & 0x7f) >> M, man = b & ((1u << M) - 1);
-    if (exp == 0) {  // subnormal: man * 2^(1 - BIAS - M), exact in a float
-        const float f = float(man) / float(1 << (BIAS + M - 1));
-        return sign ? -f : f;
+    const uint32_t magnitude = b & 0x7fu, sign = uint32_t(b & 0x80u) << 24;
+    // normal: exponent and mantissa bits moved into a float's, the exponent rebiased by an integer add
+    uint32_t bits = (magnitude << (23 - M)) + (uint32_t(127 - BIAS) << 23);
+    // subnormal (exponent 0): mantissa * 2^(1 - BIAS - M), exact
+    const float subnormal = float(int32_t(magnitude)) * (1.0f / float(1 << (BIAS + M - 1)));
+    bits = magnitude < (1u << M) ? __builtin_bit_cast(uint32_t, subnormal) : bits;
+    if constexpr (M == 3) {
+        bits = magnitude == 0x7fu ? 0x7fc00000u : bits;  // e4m3fn's only NaN
+    } else {
+        bits = magnitude >= 0x7cu ? 0x7f800000u | ((magnitude & 3u) << 21) : bits;  // infinity or NaN
     }
-    const uint32_t bits = sign | ((exp - BIAS + 127) << 23) | (man << (23 - M));
-    float f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
+    return __builtin_bit_cast(float, sign | bits);
 }
 
 template <int M, int BIAS>
 inline uint8_t float_to_fp8(float x) {
-    uint32_t bits;
-    std::memcpy(&bits, &x, sizeof bits);
-    const uint8_t sign = uint8_t((bits >> 24) & 0x80);
-    bits &= 0x7fffffffu;
-    float magnitude;
-    std::memcpy(&magnitude, &bits, sizeof magnitude);
-    if (magnitude < 1.0f / float(1 << (BIAS - 1))) {  // subnormal range: a multiple of the smallest step
-        return sign | uint8_t(std::nearbyint(magnitude * float(1 << (BIAS + M - 1))));  // 2^M = smallest normal
-    }
-    const int drop = 23 - M;
-    bits += (1u << (drop - 1)) - 1 + ((bits >> drop) & 1u);  // round to nearest even at bit `drop`
-    const uint32_t exp = (bits >> 23) - 127 + BIAS, man = (bits >> drop) & ((1u << M) - 1);
-    return sign | uint8_t((exp << M) | man);
+    const uint32_t all = __builtin_bit_cast(uint32_t, x);
+    const uint32_t sign = (all >> 24) & 0x80u, bits = all & 0x7fffffffu;
+    const float magnitude = __builtin_bit_cast(float, bits);
+    // subnormal range: a multiple of the smallest step (2^M steps = the smallest normal), rounded to nearest
+    // even by adding and subtracting 1.5 * 2^23 (kept as written: no -ffast-math)
+    const float steps = (magnitude * float(1 << (BIAS + M - 1)) + 12582912.0f) - 12582912.0f;
+    const uint32_t subnormal = uint32_t(int32_t(steps));
+    constexpr int drop = 23 - M;
+    const uint32_t rounded = bits + (1u << (drop - 1)) - 1 + ((bits >> drop) & 1u);  // nearest even at `drop`
+    const uint32_t normal = (((rounded >> 23) - 127 + BIAS) << M) | ((rounded >> drop) & ((1u << M) - 1));
+    const uint32_t code = magnitude < 1.0f / float(1 << (BIAS - 1)) ? subnormal : normal;
+    return uint8_t(sign | (bits > 0x7f800000u ? 0x7fu : code));
 }
 
 inline float to_float(Float8E4M3 x) { return fp8_to_float<3, 7>(x.bits); }

@@ -8,6 +8,7 @@ flat batch [num_tokens, hidden]; attention goes through the paged KV cache.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -56,8 +57,11 @@ class Linear(nn.Linear):
     packed_weight: torch.Tensor | None = None
     packed_bias: torch.Tensor | None = None
     compute_dtype: torch.dtype | None = None  # set when the packed copy is fp32 for a bf16 model
+    linear_pointwise: Any = None  # torch.ops.mkldnn._linear_pointwise.default, set by prepare()
 
     def prepare(self) -> None:
+        # the op's overload itself: calling it skips the packet's overload resolution (about 1.5 us a call)
+        Linear.linear_pointwise = torch.ops.mkldnn._linear_pointwise.default
         weight = self.weight.detach()
         self.packed_bias = None if self.bias is None else self.bias.detach()  # a view, not a Parameter
         if weight.dtype == torch.bfloat16 and not cpu_has_fast_bf16():
@@ -81,7 +85,7 @@ class Linear(nn.Linear):
         if self.packed_weight is None:
             return F.linear(x, self.weight, self.bias)
         h = x if self.compute_dtype is None else x.to(self.compute_dtype)
-        out = torch.ops.mkldnn._linear_pointwise(h, self.packed_weight, self.packed_bias, "none", [], "")
+        out = Linear.linear_pointwise(h, self.packed_weight, self.packed_bias, "none", [], "")
         return out.to(x.dtype)
 
 

@@ -1,0 +1,130 @@
+"""Microbenchmarks of the native CPU kernels (csrc/) at one model's shapes, beside the torch ops they replace.
+
+    python -m backend.bench.kernel_bench                         # SmolLM2-135M's shapes, 64 and 1 rows
+    python -m backend.bench.kernel_bench --rows 64 1 --context 160 --threads 2 --repeat 200
+
+Random tensors, no model loaded: each line is the median time of one call (microseconds) over --repeat
+calls after a few warm-up ones, so a kernel's change shows without the noise of a whole decode step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+
+def median_us(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
+    """Median wall and process-CPU microseconds of one call. With one thread the CPU time is the steadier
+    figure on a shared machine: it leaves out the time other processes held the core."""
+    for _ in range(max(3, repeat // 10)):
+        fn()
+    wall, cpu = [], []
+    for _ in range(repeat):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return statistics.median(wall) * 1e6, statistics.median(cpu) * 1e6
+
+
+def cases(args: argparse.Namespace, rows: int) -> dict[str, Callable[[], object]]:
+    """name -> a call of one kernel (or torch op) on random inputs of rows tokens."""
+    import torch
+    import torch.nn.functional as F
+
+    from backend.engine import cpu_kernels
+
+    dtype = torch.bfloat16
+    gen = torch.Generator().manual_seed(0)
+    hidden, inter, heads, kv_heads = args.hidden, args.intermediate, args.heads, args.kv_heads
+    D = args.head_dim
+    block_size, context = 16, args.context
+    blocks_per_seq = -(-(context + 1) // block_size)
+    num_blocks = rows * blocks_per_seq + 1
+    k_cache = torch.randn(kv_heads, num_blocks, block_size, D, generator=gen).to(dtype)
+    v_cache = torch.randn(kv_heads, num_blocks, block_size, D, generator=gen).to(dtype)
+    tables = torch.randperm(num_blocks - 1, generator=gen)[: rows * blocks_per_seq].view(rows, -1) + 1
+    lens = torch.full((rows,), context, dtype=torch.long)
+    positions = lens - 1
+    slots = tables[:, (context - 1) // block_size] * block_size + (context - 1) % block_size
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * D, generator=gen).to(dtype)
+    q = qkv.view(rows, -1, D)[:, :heads]
+    out = torch.empty(rows, heads, D, dtype=dtype)
+    angles = torch.arange(8192)[:, None] * torch.rand(D // 2, generator=gen).repeat(2)[None, :]
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)  # rotations: qkv stays bounded, call after call
+    x = torch.randn(rows, hidden, generator=gen).to(dtype)
+    residual = torch.randn(rows, hidden, generator=gen).to(dtype)
+    weight = torch.randn(hidden, generator=gen).to(dtype)
+    gate_up = torch.randn(rows, 2 * inter, generator=gen).to(dtype)
+    logits = torch.randn(rows, args.vocab, generator=gen).to(dtype)
+    logits32 = logits.float()
+    fp8 = (k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn))
+    scale = D**-0.5
+    return {
+        "rope_and_cache": lambda: cpu_kernels.rope_and_cache(
+            qkv, positions, cos, sin, slots, k_cache, v_cache, heads
+        ),
+        "rope_and_cache fp8": lambda: cpu_kernels.rope_and_cache(
+            qkv, positions, cos, sin, slots, *fp8, heads, (0.5, 2.0)
+        ),
+        "silu_and_mul": lambda: cpu_kernels.silu_and_mul(gate_up),
+        "torch silu * up": lambda: F.silu(gate_up[:, :inter]) * gate_up[:, inter:],
+        "add_rms_norm": lambda: cpu_kernels.add_rms_norm(x, residual, weight, 1e-5),
+        "rms_norm": lambda: cpu_kernels.rms_norm(x, weight, 1e-5),
+        f"paged_decode_attention ctx {context}": lambda: cpu_kernels.paged_decode_attention(
+            q, k_cache, v_cache, tables, lens, scale, out
+        ),
+        f"paged_decode_attention ctx {context} fp8": lambda: cpu_kernels.paged_decode_attention(
+            q, *fp8, tables, lens, scale, out, (0.5, 2.0)
+        ),
+        "logits bf16 -> fp32": lambda: logits.float(),
+        "logits .float().argmax(-1)": lambda: logits.float().argmax(-1),
+        "logits argmax (bf16)": lambda: logits.argmax(-1),
+        "logits .float() + cpu_kernels.argmax": lambda: cpu_kernels.argmax(logits.float()),
+        "cpu_kernels.argmax (fp32)": lambda: cpu_kernels.argmax(logits32),
+        "torch argmax (fp32)": lambda: logits32.argmax(-1),
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    from backend.bench.step_profile import cpu_summary
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(cpu_summary())
+    torch.set_grad_enabled(False)
+    for rows in args.rows:
+        print(f"\n{rows} rows (median of {args.repeat} calls){'':<12}wall us    CPU us")
+        for name, fn in cases(args, rows).items():
+            if args.only and not any(word in name for word in args.only):
+                continue
+            wall, cpu = median_us(fn, args.repeat)
+            print(f"  {name:<42} {wall:9.1f} {cpu:9.1f}", flush=True)
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--rows", type=int, nargs="+", default=[64, 1], help="tokens (sequences) per call")
+    parser.add_argument("--context", type=int, default=160, help="tokens each sequence attends to")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--repeat", type=int, default=200)
+    parser.add_argument("--only", nargs="*", help="only the cases whose name holds one of these words")
+    parser.add_argument("--hidden", type=int, default=576)
+    parser.add_argument("--intermediate", type=int, default=1536)
+    parser.add_argument("--heads", type=int, default=9)
+    parser.add_argument("--kv-heads", type=int, default=3)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--vocab", type=int, default=49152)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(parse_args()))
