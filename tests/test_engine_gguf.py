@@ -1,10 +1,11 @@
 """The default model (SmolLM2-135M-Instruct, GGUF Q4_1) through the engine against transformers on the
-same dequantized weights: identical greedy tokens in fp32; in bf16 the first differing token of each
-prompt is within the other side's top-5.
+same dequantized weights: identical greedy tokens in fp32; in bf16 (dense, and kept quantized) the first
+differing token of each prompt is within the other side's top-5.
 
-Parsing the GGUF file dominates this module's time, so it is read twice: by transformers for the
-reference, and by the engine's GGUF loader for the fp32 check. The bf16 engine loads the reference's
-dequantized weights saved as safetensors (the same weights, without a third parse)."""
+Parsing the GGUF file dominates this module's time, so it is read three times only: by transformers for
+the reference, and by the engine's GGUF loader for the fp32 check and the bf16 run kept quantized. The
+dense bf16 engine loads the reference's dequantized weights saved as safetensors (the same weights,
+without another parse)."""
 
 from __future__ import annotations
 
@@ -88,9 +89,13 @@ def test_fp32_is_token_identical_to_transformers(reference):
     assert "Paris" in outs[1].text
 
 
-def test_bf16_differs_only_among_top5_candidates(reference):
+@pytest.mark.parametrize("kept", [False, True], ids=["dequantized", "as-stored"])
+def test_bf16_differs_only_among_top5_candidates(reference, kept):
+    """The dense bf16 engine, and the GGUF file kept quantized in bf16 (the CPU's bf16 kernels over the
+    Q4_1 and Q8_0 blocks, as the app runs the default model)."""
     prompts, tokens, ref_logprobs, folder = reference
-    outs = engine_outputs(folder, "bfloat16", prompts, logprobs=5)
+    model = default_model(check_hub=False) if kept else folder
+    outs = engine_outputs(model, "bfloat16", prompts, logprobs=5)
     identical = 0
     for out, ref, ref_lp in zip(outs, tokens, ref_logprobs, strict=True):
         mismatch = next((i for i, (a, b) in enumerate(zip(out.token_ids, ref, strict=True)) if a != b), None)

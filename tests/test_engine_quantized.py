@@ -1,6 +1,8 @@
 """GGUF weights kept quantized: the block decoders against gguf-py's reference dequantization, the CPU
-kernels (each instruction-set build) against it, and whole engines on quantized weights token-identical to
-the same engine on the dequantized weights in fp32, for every kept type (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)."""
+kernels (each instruction-set build, fp32 and bf16 activations) against it, and whole engines on quantized
+weights token-identical to the same engine on the dequantized weights in fp32, for every kept type (Q4_0,
+Q4_1, Q8_0, Q4_K, Q6_K); in bf16, against the same bf16 engine multiplying by the fp32 dequantized
+weights (the function the kernels compute, up to the order of fp32 sums)."""
 
 from __future__ import annotations
 
@@ -8,18 +10,19 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from gguf import dequantize
+from gguf import GGML_QUANT_SIZES, dequantize
 
 from backend.engine import LLM, SamplingParams, cpu_kernels
 from backend.engine.quantization.gguf_blocks import KEPT_TYPES
 from backend.engine.quantization.gguf_blocks import dequantize as torch_dequantize
 from backend.engine.quantization.gguf_reader import QuantizedWeight
-from backend.engine.quantization.quantized_linear import QuantizedLinear, Scratch
+from backend.engine.quantization.quantized_linear import QuantizedLinear, Scratch, dequantize_part
 from tests.common_utils import ROOT
 from tests.engine_utils import assert_engine_clean
 from tests.gguf_utils import Q, random_blocks, write_tiny_gguf
@@ -27,13 +30,31 @@ from tests.gguf_utils import Q, random_blocks, write_tiny_gguf
 needs_kernels = pytest.mark.skipif(
     not cpu_kernels.supports(torch.device("cpu"), torch.float32), reason="no C++ compiler"
 )
+needs_gemm = pytest.mark.skipif(
+    not cpu_kernels.supports(torch.device("cpu"), torch.float32) or not cpu_kernels.quant_gemm_max_rows(),
+    reason="the kernels' build lacks AVX512_BF16 (no quant_gemm)",
+)
 ROWS, COLS = 48, 512
+ODD_COLS = {32: 544, 256: 768}  # by block size: an odd number of blocks (the bf16 kernels pair blocks)
 
 
-def blocks_of(qtype, seed=0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(blocks [ROWS, bytes], gguf-py's dequantization [ROWS, COLS] fp32)."""
-    data = random_blocks(qtype, ROWS, COLS, np.random.default_rng(seed))
-    return torch.from_numpy(data), torch.from_numpy(dequantize(data, qtype)).reshape(ROWS, COLS)
+def blocks_of(qtype, seed=0, cols=COLS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(blocks [ROWS, bytes], gguf-py's dequantization [ROWS, cols] fp32)."""
+    data = random_blocks(qtype, ROWS, cols, np.random.default_rng(seed))
+    return torch.from_numpy(data), torch.from_numpy(dequantize(data, qtype)).reshape(ROWS, cols)
+
+
+def assert_close_to_exact(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias=None) -> None:
+    """out (x's dtype) within fp32 summation error of the exact x @ weight^T (+ bias), plus bf16's rounding
+    of out."""
+    exact = x.double() @ weight.double().T
+    bound = 1e-5 * (x.abs().double() @ weight.abs().double().T) + 1e-6
+    if bias is not None:
+        exact += bias.double()
+        bound += 1e-6 * bias.double().abs()
+    if out.dtype == torch.bfloat16:
+        bound += exact.abs() * 2.0**-8  # half a bf16 unit in the last place, and then some
+    assert ((out.double() - exact).abs() <= bound).all()
 
 
 @pytest.mark.parametrize("qtype", list(KEPT_TYPES), ids=lambda t: t.name)
@@ -43,23 +64,44 @@ def test_pytorch_decoding_equals_gguf_py(qtype):
 
 
 @needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("odd", [False, True], ids=["even-blocks", "odd-blocks"])
 @pytest.mark.parametrize("qtype", list(KEPT_TYPES), ids=lambda t: t.name)
-def test_kernels_match_gguf_py(qtype):
-    data, reference = blocks_of(qtype, seed=1)
+def test_kernels_match_gguf_py(qtype, odd, dtype):
+    cols = ODD_COLS[GGML_QUANT_SIZES[qtype][0]] if odd else COLS
+    data, reference = blocks_of(qtype, seed=1, cols=cols)
     name = KEPT_TYPES[qtype]
-    assert torch.equal(cpu_kernels.quant_dequant(data, name, torch.empty(ROWS, COLS)), reference)
-    bf16 = cpu_kernels.quant_dequant(data, name, torch.empty(ROWS, COLS, dtype=torch.bfloat16))
-    assert torch.equal(bf16, reference.bfloat16())
+    decoded = cpu_kernels.quant_dequant(data, name, torch.empty(ROWS, cols, dtype=dtype))
+    assert torch.equal(decoded, reference.to(dtype))  # bf16: rounded once, as torch rounds
     for rows in range(1, cpu_kernels.QUANT_GEMV_MAX_ROWS + 1):
-        x = torch.randn(rows, COLS)
-        out = torch.full(
-            (rows, ROWS + 3), float("nan")
-        )  # a wider output: the kernel writes columns 0..ROWS-1
+        x = torch.randn(rows, cols).to(dtype)
+        # a wider output: the kernel writes columns 0..ROWS-1
+        out = torch.full((rows, ROWS + 3), float("nan"), dtype=dtype)
         cpu_kernels.quant_gemv(x, data, name, None, out)
-        exact = x.double() @ reference.double().T
-        bound = 1e-5 * (x.abs().double() @ reference.abs().double().T) + 1e-6
-        assert ((out[:, :ROWS].double() - exact).abs() <= bound).all()
+        assert_close_to_exact(out[:, :ROWS], x, reference)
         assert out[:, ROWS:].isnan().all()
+
+
+@needs_gemm
+@pytest.mark.parametrize("odd", [False, True], ids=["even-blocks", "odd-blocks"])
+@pytest.mark.parametrize("name", cpu_kernels.QUANT_GEMM_TYPES)
+def test_batched_kernel_matches_gguf_py(name, odd):
+    """quant_gemm (bf16, up to quant_gemm_max_rows rows: rows in vector lanes, 16 a register), with a bias
+    and rows that fill its registers partly; the same function as quant_gemv up to the order of sums."""
+    (qtype,) = (t for t, n in KEPT_TYPES.items() if n == name)
+    cols = ODD_COLS[32] if odd else COLS
+    data, reference = blocks_of(qtype, seed=2, cols=cols)
+    bias = torch.randn(ROWS).bfloat16()
+    for rows in (1, 8, 9, 16, 17, 40, cpu_kernels.quant_gemm_max_rows()):
+        x = torch.randn(rows, cols).bfloat16()
+        out = torch.full((rows, ROWS + 3), float("nan"), dtype=torch.bfloat16)
+        cpu_kernels.quant_gemm(x, data, name, bias, out)
+        assert_close_to_exact(out[:, :ROWS], x, reference, bias)
+        assert out[:, ROWS:].isnan().all()
+        if rows <= cpu_kernels.QUANT_GEMV_MAX_ROWS:
+            gemv = torch.empty(rows, ROWS, dtype=torch.bfloat16)
+            cpu_kernels.quant_gemv(x, data, name, bias, gemv)
+            torch.testing.assert_close(out[:, :ROWS], gemv, rtol=2**-7, atol=1e-5)
 
 
 CHECK_BUILD = """
@@ -69,19 +111,64 @@ from backend.engine import cpu_kernels
 from backend.engine.quantization.gguf_blocks import KEPT_TYPES
 from tests.gguf_utils import random_blocks
 print(cpu_kernels.build_flags())
+gemm_rows = cpu_kernels.quant_gemm_max_rows()
 for qtype, name in KEPT_TYPES.items():
     data = random_blocks(qtype, 16, 512, np.random.default_rng(0))
     reference = torch.from_numpy(dequantize(data, qtype))
-    x = torch.randn(3, 512)
-    out = torch.empty(3, 16)
-    cpu_kernels.quant_gemv(x, torch.from_numpy(data), name, None, out)
-    assert torch.allclose(out, x @ reference.T, rtol=1e-4, atol=1e-4), name
+    decoded = torch.empty(16, 512, dtype=torch.bfloat16)
+    assert torch.equal(cpu_kernels.quant_dequant(torch.from_numpy(data), name, decoded), reference.bfloat16())
+    for rows in (3, 20):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.randn(rows, 512).to(dtype)
+            expected = x.float() @ reference.T
+            if rows <= cpu_kernels.QUANT_GEMV_MAX_ROWS:
+                out = torch.empty(rows, 16, dtype=dtype)
+                cpu_kernels.quant_gemv(x, torch.from_numpy(data), name, None, out)
+            elif dtype == torch.bfloat16 and name in cpu_kernels.QUANT_GEMM_TYPES and gemm_rows >= rows:
+                out = torch.empty(rows, 16, dtype=dtype)
+                cpu_kernels.quant_gemm(x, torch.from_numpy(data), name, None, out)
+            else:
+                continue
+            tolerance = 1e-4 if dtype == torch.float32 else 1e-2
+            assert torch.allclose(out.float(), expected, rtol=tolerance, atol=tolerance), (name, rows, dtype)
 """
+
+
+def cpu_has(*flags: str) -> bool:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    present = next((line for line in text.splitlines() if line.startswith("flags")), "").split()
+    return all(flag in present for flag in flags)
 
 
 @needs_kernels
 @pytest.mark.slow
-@pytest.mark.parametrize(("march", "width"), [("haswell", "AVX2+FMA"), ("x86-64", "scalar")])
+@pytest.mark.parametrize(
+    ("march", "width"),
+    [
+        ("haswell", "AVX2+FMA;"),
+        ("x86-64", "scalar;"),
+        pytest.param(  # AVX-512 without bf16 dot products: bf16 activations converted to fp32
+            "skylake-avx512",
+            "AVX-512;",
+            marks=pytest.mark.skipif(
+                not cpu_has("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"), reason="no AVX-512"
+            ),
+        ),
+        pytest.param(
+            "cooperlake",
+            "AVX-512 (bf16 dot products);",
+            marks=pytest.mark.skipif(
+                not cpu_has(
+                    "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd", "avx512_vnni", "avx512_bf16"
+                ),
+                reason="no AVX-512 bf16",
+            ),
+        ),
+    ],
+)
 def test_each_instruction_set_build_computes_the_same(march, width):
     env = os.environ | {"PLAYGROUND_CPU_KERNELS_MARCH": march, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
@@ -89,6 +176,31 @@ def test_each_instruction_set_build_computes_the_same(march, width):
     )
     assert result.returncode == 0, result.stderr
     assert f"quantized kernels: {width}" in result.stdout
+
+
+@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernels", "pytorch"])
+def test_bf16_layer_each_batch_size(use_kernel):
+    """A fused layer of 4-bit parts in bf16 through each path: quant_gemv (up to 8 rows), quant_gemm (to
+    quant_gemm_max_rows, where built) and decoded tiles with torch's GEMM (beyond; bf16-rounded weights)."""
+    if use_kernel and not cpu_kernels.supports(torch.device("cpu"), torch.bfloat16):
+        pytest.skip("no C++ compiler")
+    parts, dense = [], []
+    for seed, qtype in enumerate((Q.Q4_1, Q.Q4_1, Q.Q4_0)):  # gate, up (merged), and another type
+        data, reference = blocks_of(qtype, seed)
+        parts.append(QuantizedWeight(KEPT_TYPES[qtype], data, (ROWS, COLS)))
+        dense.append(reference)
+    layer = QuantizedLinear(parts, True, Scratch(), torch.bfloat16)
+    assert len(layer.parts) == 2
+    layer.bias.data.normal_()
+    layer.use_kernel = use_kernel
+    weight = torch.cat(dense)
+    for rows in (1, 8, 9, 33, 64, 65, 150):
+        x = torch.randn(rows, COLS).bfloat16()
+        out = layer(x)
+        assert out.dtype == torch.bfloat16 and out.shape == (rows, 3 * ROWS)
+        torch.testing.assert_close(
+            out, F.linear(x.float(), weight, layer.bias.float()).bfloat16(), rtol=2**-7, atol=0.02
+        )
 
 
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["kernels", "pytorch"])
@@ -165,3 +277,49 @@ def test_tied_quantized_embedding_token_identical(tied_q4_0_gguf):
     tokens, stats = greedy(str(tied_q4_0_gguf))
     assert tokens == greedy(str(tied_q4_0_gguf), dequantize_weights=True)[0]
     assert stats.quantization == "gguf Q4_0 (15 tensors)"
+
+
+@pytest.fixture(scope="module")
+def q4_1_gguf(tmp_path_factory):  # the default model's types: Q4_1 layers, a tied Q8_0 embedding
+    path = tmp_path_factory.mktemp("gguf") / "tiny-q4_1.gguf"
+    return write_tiny_gguf(path, dict.fromkeys(MIXED, Q.Q4_1), Q.Q8_0, seed=2)
+
+
+def fp32_weights_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """QuantizedLinear through the fp32 dequantized weights, rounded to x's dtype: what its bf16 kernels
+    compute, up to the order of the fp32 sums."""
+    weight = torch.cat([dequantize_part(part) for part in self.parts])
+    bias = None if self.bias is None else self.bias.float()
+    return F.linear(x.float(), weight, bias).to(x.dtype)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("max_num_seqs", [4, 16], ids=["gemv", "gemm"])  # decode batches of 4, then of 14
+@pytest.mark.parametrize("model", ["q4_1_gguf", "tied_q4_0_gguf"])
+def test_bf16_kernels_agree_with_fp32_weights(model, max_num_seqs, request, monkeypatch):
+    """bf16 rounds every layer's output, so a different order of fp32 sums moves a few values by a unit in
+    the last place, and this tiny random model's greedy choices are close calls: most continuations stay
+    identical, and where one first differs each side's token is among the other's top 5."""
+    path = str(request.getfixturevalue(model))
+
+    def run():
+        llm = LLM(path, dtype="bfloat16", max_model_len=256, max_num_seqs=max_num_seqs)
+        params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=5)
+        outs = llm.generate(PROMPTS, params)
+        assert_engine_clean(llm)
+        return [out.outputs[0] for out in outs]
+
+    ours = run()
+    monkeypatch.setattr(QuantizedLinear, "forward", fp32_weights_forward)
+    reference = run()
+    identical = 0
+    for a, b in zip(ours, reference, strict=True):
+        mismatch = next(
+            (i for i, (s, t) in enumerate(zip(a.token_ids, b.token_ids, strict=True)) if s != t), None
+        )
+        if mismatch is None:
+            identical += 1
+            continue
+        assert b.token_ids[mismatch] in a.logprobs[mismatch]
+        assert a.token_ids[mismatch] in b.logprobs[mismatch]
+    assert identical >= len(PROMPTS) * 2 // 3

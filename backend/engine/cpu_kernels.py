@@ -47,6 +47,7 @@ SIGNATURES = {
 QUANT_TYPES = ("q4_0", "q4_1", "q8_0", "q4_k", "q6_k")  # csrc/quantized.cpp
 QUANT_SIGNATURES = {"quant_gemv": [PTR] * 4 + [INT] * 4, "quant_dequant": [PTR, PTR, INT, INT]}
 QUANT_GEMV_MAX_ROWS = 8  # csrc/quantized.cpp MAX_ROWS (and csrc/gptq.cpp's)
+QUANT_GEMM_TYPES = ("q4_0", "q4_1", "q8_0")  # quant_gemm: bf16 activations, builds with AVX512_BF16
 GPTQ_SIGNATURE = [PTR] * 7 + [INT] * 5
 GPTQ_BITS = (4, 8)
 
@@ -163,6 +164,11 @@ def _open(path: Path) -> ctypes.CDLL:
                 getattr(library, f"gptq_gemv_w{bits}_{suffix}").argtypes = GPTQ_SIGNATURE
                 getattr(library, f"gptq_gemv_w{bits}_{suffix}").restype = None
         library.quant_vector_width.restype = ctypes.c_int
+        library.quant_gemm_max_rows.restype = ctypes.c_int
+        if library.quant_gemm_max_rows():
+            for qtype in QUANT_GEMM_TYPES:
+                getattr(library, f"quant_gemm_{qtype}_bf16").argtypes = QUANT_SIGNATURES["quant_gemv"]
+                getattr(library, f"quant_gemm_{qtype}_bf16").restype = None
     except AttributeError as exc:  # a stale or foreign library
         raise KernelsUnavailable(f"{path} lacks a kernel: {exc}") from None
     return library
@@ -176,6 +182,8 @@ def build_flags() -> str:
     wanted = ("avx512f", "avx512bw", "avx512_bf16", "avx512_vnni", "avx2", "fma", "f16c", "amx_bf16")
     present = set(_cpu_id().split())
     width = {16: "AVX-512", 8: "AVX2+FMA", 1: "scalar"}[library.quant_vector_width()]
+    if library.quant_gemm_max_rows():
+        width += " (bf16 dot products)"
     return f"quantized kernels: {width}; cpu flags: {' '.join(f for f in wanted if f in present)}"
 
 
@@ -311,17 +319,10 @@ def linear_bf16_small(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return out
 
 
-def quant_gemv(
-    x: torch.Tensor,  # [rows, k], rows <= QUANT_GEMV_MAX_ROWS, contiguous
-    data: torch.Tensor,  # [n, k / block_size * type_size] uint8: GGUF blocks
-    qtype: str,  # one of QUANT_TYPES
-    bias: torch.Tensor | None,  # [n], x's dtype
-    out: torch.Tensor,  # [rows, >= n] view of a contiguous [rows, ldy] tensor: columns 0..n-1 written
-) -> None:
-    assert x.is_contiguous() and x.shape[0] <= QUANT_GEMV_MAX_ROWS and out.stride(1) == 1
-    function = getattr(load_library(), f"quant_gemv_{qtype}_{SUFFIX[x.dtype]}")
+def _call_quant_matmul(name: str, x, data, bias, out) -> None:
+    """quant_gemv / quant_gemm: y [rows, n] (row stride ldy) = x [rows, k] @ W^T (+ bias)."""
     bias_ptr = None if bias is None else bias.data_ptr()
-    function(
+    getattr(load_library(), name)(
         x.data_ptr(),
         data.data_ptr(),
         bias_ptr,
@@ -331,6 +332,36 @@ def quant_gemv(
         x.shape[1],
         out.stride(0),
     )
+
+
+def quant_gemv(
+    x: torch.Tensor,  # [rows, k], rows <= QUANT_GEMV_MAX_ROWS, contiguous
+    data: torch.Tensor,  # [n, k / block_size * type_size] uint8: GGUF blocks
+    qtype: str,  # one of QUANT_TYPES
+    bias: torch.Tensor | None,  # [n], x's dtype
+    out: torch.Tensor,  # [rows, >= n] view of a contiguous [rows, ldy] tensor: columns 0..n-1 written
+) -> None:
+    assert x.is_contiguous() and x.shape[0] <= QUANT_GEMV_MAX_ROWS and out.stride(1) == 1
+    _call_quant_matmul(f"quant_gemv_{qtype}_{SUFFIX[x.dtype]}", x, data, bias, out)
+
+
+@cache
+def quant_gemm_max_rows() -> int:
+    """The most rows quant_gemm takes (0: not in this build, which lacks AVX512_BF16)."""
+    library = load_library()
+    return 0 if library is None else library.quant_gemm_max_rows()
+
+
+def quant_gemm(
+    x: torch.Tensor,  # [rows, k] bf16, rows <= quant_gemm_max_rows(), contiguous
+    data: torch.Tensor,  # [n, k / 32 * type_size] uint8: GGUF blocks of a QUANT_GEMM_TYPES type
+    qtype: str,
+    bias: torch.Tensor | None,  # [n] bf16
+    out: torch.Tensor,  # [rows, >= n] view of a contiguous [rows, ldy] tensor: columns 0..n-1 written
+) -> None:
+    assert x.is_contiguous() and x.dtype == torch.bfloat16 and x.shape[0] <= quant_gemm_max_rows()
+    assert out.stride(1) == 1
+    _call_quant_matmul(f"quant_gemm_{qtype}_bf16", x, data, bias, out)
 
 
 def quant_dequant(data: torch.Tensor, qtype: str, out: torch.Tensor) -> torch.Tensor:

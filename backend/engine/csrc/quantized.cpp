@@ -1,18 +1,28 @@
 // GGUF-quantized weights on the CPU, kept in ggml's block layouts (ggml-quants.h): Q4_0, Q4_1, Q8_0 (32
 // weights a block) and Q4_K, Q6_K (256 weights a super-block). A weight matrix [n, k] is n rows of k / QK
-// blocks each. Two kernels per type, for activations in fp32 or bf16:
+// blocks each. Kernels per type, for activations in fp32 or bf16:
 //   quant_gemv_*:    y [rows, n] (row stride ldy) = x [rows, k] @ W^T (+ bias), for 1..MAX_ROWS rows: each
-//                    block is decoded to fp32 once, in cache, and multiplied into every row (the decode hot
+//                    block is decoded once, in registers, and multiplied into every row (the decode hot
 //                    path: memory traffic is the quantized bytes)
+//   quant_gemm_*:    the same for up to GEMM_MAX_ROWS rows, bf16 x and Q4_0 / Q4_1 / Q8_0 W, where the build
+//                    has AVX512_BF16 (quant_gemm_max_rows() is 0 otherwise)
 //   quant_dequant_*: out [n, k] = W decoded, for a GEMM by torch (prefill, large batches) or an embedding
-// Decoding computes exactly what gguf-py's dequantize_blocks computes; products are summed in fp32 in
-// vector registers: AVX-512 or AVX2+FMA when the build (-march=native) has them, plain C++ otherwise.
-// Built and loaded by backend/engine/cpu_kernels.py.
+// Decoding computes exactly what gguf-py's dequantize_blocks computes. Products are summed in fp32 in
+// vector registers: AVX-512 or AVX2+FMA when the build (-march=native) has them, plain C++ otherwise; with
+// bf16 activations and AVX512_BF16, 4-bit and 8-bit blocks use the bf16 dot-product instruction on their
+// integers, which are exact in bf16 (namespace bf16dot). Built and loaded by backend/engine/cpu_kernels.py.
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "dtypes.h"
+#include "quantized_bf16.h"
+
+#if defined(__F16C__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -23,6 +33,7 @@ inline Vec vload(const float *p) { return _mm512_loadu_ps(p); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline float vsum(Vec a) { return _mm512_reduce_add_ps(a); }
 inline Vec vset(float x) { return _mm512_set1_ps(x); }
+inline void vstore(float *p, Vec a) { _mm512_storeu_ps(p, a); }
 inline Vec vnibbles(const uint8_t *p, int shift) {  // 16 bytes -> their low (shift 0) or high nibbles
     const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
     return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(z, shift), _mm512_set1_epi32(15)));
@@ -43,6 +54,7 @@ inline float vsum(Vec a) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
 }
 inline Vec vset(float x) { return _mm256_set1_ps(x); }
+inline void vstore(float *p, Vec a) { _mm256_storeu_ps(p, a); }
 inline Vec vnibbles(const uint8_t *p, int shift) {  // 8 bytes -> their low (shift 0) or high nibbles
     const __m256i z = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p)));
     return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(z, shift), _mm256_set1_epi32(15)));
@@ -58,6 +70,7 @@ inline Vec vload(const float *p) { return *p; }
 inline Vec vfma(Vec a, Vec b, Vec c) { return a * b + c; }
 inline float vsum(Vec a) { return a; }
 inline Vec vset(float x) { return x; }
+inline void vstore(float *p, Vec a) { *p = a; }
 inline Vec vnibbles(const uint8_t *p, int shift) { return float((*p >> shift) & 15); }
 inline Vec vint8(const int8_t *p) { return float(*p); }
 #endif
@@ -71,7 +84,11 @@ constexpr int LANES = CHUNK / VEC_WIDTH;
 inline float f16(const uint8_t *p) {  // IEEE half (little-endian) to float
     uint16_t h;
     std::memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);  // one instruction; the same value (subnormals included)
+#else
     return half_to_float(h);
+#endif
 }
 
 // lanes v of a 32-weight block of nibbles: weights v * W .. v * W + W - 1 (low nibbles first)
@@ -202,6 +219,12 @@ void gemv_rows(const float *x, const uint8_t *w, const T *bias, T *y, int64_t n,
 
 template <typename B, typename T>
 void gemv(const T *x, const uint8_t *w, const T *bias, T *y, int64_t rows, int64_t n, int64_t k, int64_t ldy) {
+#if defined(BF16_DOT)
+    if constexpr (std::is_same_v<T, BFloat16> && std::is_same_v<B, Q4_0>)
+        return bf16dot::gemv<bf16dot::Q4_0, MAX_ROWS>(x, w, bias, y, rows, n, k, ldy);
+    if constexpr (std::is_same_v<T, BFloat16> && std::is_same_v<B, Q4_1>)
+        return bf16dot::gemv<bf16dot::Q4_1, MAX_ROWS>(x, w, bias, y, rows, n, k, ldy);
+#endif
     std::vector<float> xf(rows * k);
     for (int64_t i = 0; i < rows * k; i++) xf[i] = to_float(x[i]);
     const float *xp = xf.data();
@@ -219,13 +242,36 @@ void gemv(const T *x, const uint8_t *w, const T *bias, T *y, int64_t rows, int64
 
 template <typename B, typename T>
 void dequant(const uint8_t *w, T *out, int64_t n, int64_t k) {
+#if defined(BF16_DOT)
+    if constexpr (std::is_same_v<T, BFloat16> && std::is_same_v<B, Q4_0>)
+        return bf16dot::dequant<bf16dot::Q4_0>(w, out, n, k);
+    if constexpr (std::is_same_v<T, BFloat16> && std::is_same_v<B, Q4_1>)
+        return bf16dot::dequant<bf16dot::Q4_1>(w, out, n, k);
+#endif
     const int64_t blocks = k / B::QK, row_bytes = blocks * B::BYTES;
 #pragma omp parallel for schedule(static) if (n > 1)
     for (int64_t j = 0; j < n; j++) {
         alignas(64) float decoded[B::QK];
         for (int64_t b = 0; b < blocks; b++) {
-            B::decode(w + j * row_bytes + b * B::BYTES, decoded);
+            const uint8_t *block = w + j * row_bytes + b * B::BYTES;
             T *o = out + j * k + b * B::QK;
+            if constexpr (B::QK == CHUNK) {  // decoded in registers
+                Vec wv[LANES];
+                B::vectors(block, wv);
+#if defined(BF16_DOT)
+                if constexpr (std::is_same_v<T, BFloat16>) {  // rounded to nearest even, as store() rounds
+                    _mm512_storeu_si512(o, (__m512i)_mm512_cvtne2ps_pbh(wv[1], wv[0]));
+                    continue;
+                }
+#endif
+                if constexpr (std::is_same_v<T, float>) {
+                    for (int v = 0; v < LANES; v++) vstore(o + v * VEC_WIDTH, wv[v]);
+                    continue;
+                }
+                for (int v = 0; v < LANES; v++) vstore(decoded + v * VEC_WIDTH, wv[v]);
+            } else {
+                B::decode(block, decoded);
+            }
             for (int i = 0; i < B::QK; i++) store(o[i], decoded[i]);
         }
     }
@@ -252,3 +298,23 @@ EXPORT_TYPE(Q4_K, q4_k)
 EXPORT_TYPE(Q6_K, q6_k)
 
 extern "C" int quant_vector_width() { return VEC_WIDTH; }
+
+// y [rows, n] (row stride ldy) = x [rows, k] @ W^T (+ bias) for QUANT_GEMV_MAX_ROWS < rows <= quant_gemm_max_rows(),
+// bf16 x, Q4_0, Q4_1 or Q8_0 W; only where the build has AVX512_BF16 (quant_gemm_max_rows() is 0 otherwise)
+#if defined(BF16_DOT)
+extern "C" int quant_gemm_max_rows() { return bf16dot::GEMM_MAX_ROWS; }
+extern "C" void quant_gemm_q4_0_bf16(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, BFloat16 *y,
+                                     int64_t rows, int64_t n, int64_t k, int64_t ldy) {
+    bf16dot::gemm<bf16dot::Q4_0>(x, w, bias, y, rows, n, k, ldy);
+}
+extern "C" void quant_gemm_q8_0_bf16(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, BFloat16 *y,
+                                     int64_t rows, int64_t n, int64_t k, int64_t ldy) {
+    bf16dot::gemm<bf16dot::Q8_0>(x, w, bias, y, rows, n, k, ldy);
+}
+extern "C" void quant_gemm_q4_1_bf16(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, BFloat16 *y,
+                                     int64_t rows, int64_t n, int64_t k, int64_t ldy) {
+    bf16dot::gemm<bf16dot::Q4_1>(x, w, bias, y, rows, n, k, ldy);
+}
+#else
+extern "C" int quant_gemm_max_rows() { return 0; }
+#endif

@@ -4,11 +4,14 @@ blocks, GPTQ / AWQ / compressed-tensors packed integers (gptq_awq.PackedWeight) 
 AWQ, compressed-tensors and fp8 are decoded per tile in PyTorch.
 
 QuantizedLinear computes x @ W^T from W's blocks: batches of up to cpu_kernels.QUANT_GEMV_MAX_ROWS rows go
-through the fused decode + matrix-vector kernel (each block read once, decoded in cache); larger ones
-decode W a tile of rows at a time into a scratch buffer shared by all layers and multiply the tile with
-torch's GEMM. Without the kernels (CUDA, PLAYGROUND_CPU_KERNELS=0, no compiler) tiles are decoded by
-gguf_blocks in PyTorch. A fused projection (q/k/v, gate/up) holds one part per checkpoint tensor, so parts
-of different types (Q4_K q with Q6_K v) stay as they are.
+through the fused decode + matrix-vector kernel (each block read once, decoded in cache); in bf16, where
+the kernels' build has AVX512_BF16, Q4_0 / Q4_1 / Q8_0 layers take batches of up to
+cpu_kernels.quant_gemm_max_rows() rows through the fused quant_gemm (the same function: the weights'
+integers times bf16 x, summed in fp32, then scaled per block); larger batches decode W a tile of rows at a
+time into a scratch buffer shared by all layers and multiply the tile with torch's GEMM (in bf16, the
+weights rounded to bf16). Without the kernels (CUDA, PLAYGROUND_CPU_KERNELS=0, no compiler) tiles are
+decoded by gguf_blocks in PyTorch. A fused projection (q/k/v, gate/up) holds one part per checkpoint
+tensor, so parts of different types (Q4_K q with Q6_K v) stay as they are.
 """
 
 from __future__ import annotations
@@ -93,6 +96,9 @@ class QuantizedLinear(nn.Module):
         tensors = [t for part in parts for t in part_tensors(part)]
         for i, tensor in enumerate(tensors):
             self.register_buffer(f"qweight_{i}", tensor)  # counted by weights_bytes, moved by .to()
+        self.has_gemm = all(  # the kernel for larger batches: 4-bit GGUF blocks, bf16 activations
+            isinstance(p, QuantizedWeight) and p.qtype in cpu_kernels.QUANT_GEMM_TYPES for p in parts
+        )
         self.in_features = parts[0].shape[1]
         self.out_features = sum(p.shape[0] for p in parts)
         device = tensors[0].device
@@ -107,18 +113,30 @@ class QuantizedLinear(nn.Module):
             and rows <= cpu_kernels.QUANT_GEMV_MAX_ROWS
             and x.is_contiguous()
         ):
-            out = x.new_empty(rows, self.out_features)
-            start = 0
-            for part in self.parts:
-                stop = start + part.shape[0]
-                bias = None if self.bias is None else self.bias[start:stop]
-                if isinstance(part, QuantizedWeight):
-                    cpu_kernels.quant_gemv(x, part.data, part.qtype, bias, out[:, start:stop])
-                else:
-                    cpu_kernels.gptq_gemv(x, part, bias, out[:, start:stop])
-                start = stop
-            return out
+            return self.fused(x, cpu_kernels.quant_gemv)
+        if (
+            self.use_kernel
+            and self.has_gemm
+            and x.dtype == torch.bfloat16
+            and rows <= cpu_kernels.quant_gemm_max_rows()
+            and x.is_contiguous()
+        ):
+            return self.fused(x, cpu_kernels.quant_gemm)
         return self.tiled_matmul(x)
+
+    def fused(self, x: torch.Tensor, kernel) -> torch.Tensor:
+        """Every part through a decode + multiply kernel (quant_gemv or quant_gemm), into one output."""
+        out = x.new_empty(x.shape[0], self.out_features)
+        start = 0
+        for part in self.parts:
+            stop = start + part.shape[0]
+            bias = None if self.bias is None else self.bias[start:stop]
+            if isinstance(part, QuantizedWeight):
+                kernel(x, part.data, part.qtype, bias, out[:, start:stop])
+            else:
+                cpu_kernels.gptq_gemv(x, part, bias, out[:, start:stop])
+            start = stop
+        return out
 
     def tiled_matmul(self, x: torch.Tensor) -> torch.Tensor:
         fast = x.device.type == "cuda" or x.dtype == torch.float32 or cpu_has_fast_bf16()
