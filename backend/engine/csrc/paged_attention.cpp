@@ -163,41 +163,43 @@ int64_t accumulate_columns(float *acc, const float *w, const float *values, int6
     return d0;
 }
 
+// one vector register of floats, per instruction set, for accumulate_rows
 #if defined(__AVX512F__)
-// acc [CHUNKS * 16] += sum over p < n of w[p] * values[p, :] (row stride D), the whole row in registers
-template <int CHUNKS>
-void accumulate_rows(float *acc, const float *w, const float *values, int64_t n, int64_t D) {
-    __m512 a[CHUNKS];
-#pragma GCC unroll 8
-    for (int c = 0; c < CHUNKS; c++) a[c] = _mm512_loadu_ps(acc + 16 * c);
-    for (int64_t p = 0; p < n; p++) {
-        const __m512 wp = _mm512_set1_ps(w[p]);
-#pragma GCC unroll 8
-        for (int c = 0; c < CHUNKS; c++) a[c] = _mm512_fmadd_ps(wp, _mm512_loadu_ps(values + p * D + 16 * c), a[c]);
-    }
-#pragma GCC unroll 8
-    for (int c = 0; c < CHUNKS; c++) _mm512_storeu_ps(acc + 16 * c, a[c]);
-}
+using RowVec = __m512;
 constexpr int64_t ROW_LANES = 16;
+inline RowVec row_load(const float *p) { return _mm512_loadu_ps(p); }
+inline void row_store(float *p, RowVec v) { _mm512_storeu_ps(p, v); }
+inline RowVec row_set1(float x) { return _mm512_set1_ps(x); }
+inline RowVec row_fma(RowVec a, RowVec b, RowVec c) { return _mm512_fmadd_ps(a, b, c); }
 #elif defined(__AVX2__) && defined(__FMA__)
+using RowVec = __m256;
+constexpr int64_t ROW_LANES = 8;
+inline RowVec row_load(const float *p) { return _mm256_loadu_ps(p); }
+inline void row_store(float *p, RowVec v) { _mm256_storeu_ps(p, v); }
+inline RowVec row_set1(float x) { return _mm256_set1_ps(x); }
+inline RowVec row_fma(RowVec a, RowVec b, RowVec c) { return _mm256_fmadd_ps(a, b, c); }
+#else
+constexpr int64_t ROW_LANES = 0;
+#endif
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+// acc [CHUNKS * ROW_LANES] += sum over p < n of w[p] * values[p, :] (row stride D), the whole row in registers
 template <int CHUNKS>
 void accumulate_rows(float *acc, const float *w, const float *values, int64_t n, int64_t D) {
-    __m256 a[CHUNKS];
+    RowVec a[CHUNKS];
 #pragma GCC unroll 16
-    for (int c = 0; c < CHUNKS; c++) a[c] = _mm256_loadu_ps(acc + 8 * c);
+    for (int c = 0; c < CHUNKS; c++) a[c] = row_load(acc + ROW_LANES * c);
     for (int64_t p = 0; p < n; p++) {
-        const __m256 wp = _mm256_set1_ps(w[p]);
+        const RowVec wp = row_set1(w[p]);
 #pragma GCC unroll 16
-        for (int c = 0; c < CHUNKS; c++) a[c] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(values + p * D + 8 * c), a[c]);
+        for (int c = 0; c < CHUNKS; c++) a[c] = row_fma(wp, row_load(values + p * D + ROW_LANES * c), a[c]);
     }
 #pragma GCC unroll 16
-    for (int c = 0; c < CHUNKS; c++) _mm256_storeu_ps(acc + 8 * c, a[c]);
+    for (int c = 0; c < CHUNKS; c++) row_store(acc + ROW_LANES * c, a[c]);
 }
-constexpr int64_t ROW_LANES = 8;
 #else
 template <int CHUNKS>
 void accumulate_rows(float *, const float *, const float *, int64_t, int64_t) {}
-constexpr int64_t ROW_LANES = 0;
 #endif
 
 inline void accumulate(float *acc, const float *w, const float *values, int64_t n, int64_t D) {
