@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import psutil
 
@@ -31,6 +31,7 @@ class CompareTarget:
     kv_cache_tokens: int | None = None  # when the engine says so itself (vLLM's startup log)
     block_size: int = 16
     planned: dict = field(default_factory=dict)  # planner: weights_bytes, kv_bytes_per_token, kv_cache_tokens
+    detail: str = ""  # how it ran (vLLM: compiled or eager, its thread binding), for the report
 
 
 @dataclass(slots=True)
@@ -41,9 +42,11 @@ class Workload:
     input_len: int = 256
     output_len: int = 128
     seed: int = 0
+    skip_requests: int = 0  # where this run's slice of the seed's request stream starts
     request_rate: float = math.inf
     timeout_s: float = 600.0
     ignore_eos: bool = False
+    tokenizer: str | None = None  # random prompts as token ids of this tokenizer (vLLM's random dataset)
 
     def config(self, target: CompareTarget) -> BenchConfig:
         return BenchConfig(
@@ -55,16 +58,33 @@ class Workload:
             input_len=self.input_len,
             output_len=self.output_len,
             seed=self.seed,
+            skip_requests=self.skip_requests,
             request_rate=self.request_rate,
             timeout_s=self.timeout_s,
             ignore_eos=self.ignore_eos,
+            tokenizer=self.tokenizer,
         )
+
+
+def split_runs(
+    workload: Workload, concurrencies: list[int], warmup: int
+) -> tuple[Workload | None, list[Workload]]:
+    """One seed's request stream cut into the warm-up (its first `warmup` requests) and then one slice of
+    num_prompts per concurrency, in order: no run re-sends another's prompts (a server's prefix cache
+    would serve them), and every target gets the same slice at the same concurrency."""
+    warm = replace(workload, num_prompts=warmup, max_concurrency=max(concurrencies)) if warmup else None
+    runs = [
+        replace(workload, max_concurrency=c, skip_requests=warmup + i * workload.num_prompts)
+        for i, c in enumerate(concurrencies)
+    ]
+    return warm, runs
 
 
 @dataclass(slots=True)
 class CompareRow:
     target: str
     engine: str  # recognised from its /metrics
+    max_concurrency: int
     completed: int
     failed: int
     duration_s: float
@@ -80,6 +100,7 @@ class CompareRow:
     kv_cache_tokens: int | None
     planned_weights_bytes: float | None
     planned_kv_cache_tokens: int | None
+    detail: str = ""  # the target's detail
 
 
 @dataclass(slots=True)
@@ -140,13 +161,14 @@ def kv_capacity(target: CompareTarget, samples: list[dict]) -> int | None:
     return int(blocks * target.block_size) if blocks else None
 
 
-def make_row(target: CompareTarget, result: BenchResult, samples: list[dict]) -> CompareRow:
+def make_row(target: CompareTarget, result: BenchResult, samples: list[dict], concurrency: int) -> CompareRow:
     p = result.percentiles
     rss = [s["rss_bytes"] for s in samples if s.get("rss_bytes")]
     engines = [s["engine"] for s in samples if s.get("engine") not in (None, "unknown")]
     return CompareRow(
         target=target.name,
         engine=engines[0] if engines else "unknown",
+        max_concurrency=concurrency,
         completed=result.completed,
         failed=result.failed,
         duration_s=result.duration,
@@ -162,6 +184,7 @@ def make_row(target: CompareTarget, result: BenchResult, samples: list[dict]) ->
         kv_cache_tokens=kv_capacity(target, samples),
         planned_weights_bytes=target.planned.get("weights_bytes"),
         planned_kv_cache_tokens=target.planned.get("kv_cache_tokens"),
+        detail=target.detail,
     )
 
 
@@ -169,13 +192,24 @@ def run_target(target: CompareTarget, workload: Workload, progress=None) -> Targ
     config = workload.config(target)
     with Sampler(target) as sampler:
         result = run_benchmark(config, progress=progress)
-    return TargetRun(make_row(target, result, sampler.samples), sampler.samples, result)
+    row = make_row(target, result, sampler.samples, workload.max_concurrency)
+    return TargetRun(row, sampler.samples, result)
+
+
+@dataclass(slots=True)
+class OfflineRun:
+    """The embedded engine offline (LLM.generate) on one run's prompts: the served figure's ceiling."""
+
+    max_concurrency: int
+    output_tok_s: float | None  # None: it failed (detail says why)
+    detail: str
 
 
 @dataclass(slots=True)
 class Comparison:
     workload: Workload
     runs: list[TargetRun]
+    offline: list[OfflineRun] = field(default_factory=list)
 
     def rows(self) -> list[CompareRow]:
         return [run.row for run in self.runs]
@@ -188,6 +222,7 @@ class Comparison:
         return {
             "workload": workload,
             "rows": [asdict(run.row) for run in self.runs],
+            "offline": [asdict(run) for run in self.offline],
             "samples": {run.row.target: [clean(s) for s in run.samples] for run in self.runs},
             "results": {run.row.target: run.result.to_dict() for run in self.runs},
         }

@@ -34,20 +34,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ignore-eos", action="store_true", help="every request runs to --output-len")
-    parser.add_argument("--warmup", type=int, default=0, help="untimed requests to each target first")
+    parser.add_argument(
+        "--warmup", type=int, default=0, help="untimed requests to each target first (prompts of their own)"
+    )
     parser.add_argument("--start-timeout", type=float, default=1800.0, help="seconds for an engine to start")
+    parser.add_argument(
+        "--vllm-eager",
+        action="store_true",
+        help="vLLM with --enforce-eager (default: compiled, as `vllm serve` runs; the Launch tab runs eager)",
+    )
+    parser.add_argument(
+        "--skip-offline",
+        action="store_true",
+        help="leave out the offline column (embedded: LLM.generate on each run's prompts, after its server)",
+    )
     parser.add_argument("--out", default="compare-out", help="folder for compare.json and compare.html")
 
 
 def main(args: argparse.Namespace) -> int:
-    from backend.bench.compare import Comparison, Workload, run_target
-    from backend.bench.compare_report import format_table, write_report
-    from backend.bench.compare_targets import LocalTargets, model_folder, url_target
+    from backend.bench.compare import Comparison, Workload, split_runs
+    from backend.bench.compare_report import bar_lines, format_table, note_lines, write_report
+    from backend.bench.compare_targets import model_folder
 
     if len(args.target) < 2:
         raise SystemExit("compare: give at least two --target values")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the engines it started on the way out
     try:
+        model = model_folder(args.model, Path(args.out))
         workload = Workload(
             dataset=args.dataset,
             num_prompts=args.num_prompts,
@@ -56,25 +69,43 @@ def main(args: argparse.Namespace) -> int:
             output_len=args.output_len,
             seed=args.seed,
             ignore_eos=args.ignore_eos,
+            tokenizer=model,  # `random` as vLLM's: token ids of the model's tokenizer
         )
-        model = model_folder(args.model, Path(args.out))
     except ValueError as exc:
         raise SystemExit(f"compare: {exc}") from None
-    runs = []
-    with LocalTargets(model, args.max_model_len, max(args.max_concurrency)) as local:
-        for name in args.target:
-            target = local.start(name, args.start_timeout) if name in LOCAL else url_target(name)
-            if args.warmup:
-                run_target(target, replace(workload, num_prompts=args.warmup, seed=workload.seed + 99))
-            for concurrency in args.max_concurrency:
-                label = name if len(args.max_concurrency) == 1 else f"{name} c={concurrency}"
-                print(f"* {label}: {workload.num_prompts} requests", flush=True)
-                run = run_target(replace(target, name=label), replace(workload, max_concurrency=concurrency))
-                runs.append(run)
-                print(format_table([run.row]), flush=True)
-            local.stop(name)  # the next engine gets the whole machine
-    comparison = Comparison(workload, runs)
+    warmup, runs = split_runs(workload, args.max_concurrency, args.warmup)
+    comparison = Comparison(workload, [])
+    run_targets(args, model, warmup, runs, comparison)
     print(format_table(comparison.rows()))
+    print("\n".join(bar_lines(comparison) + note_lines(comparison)))
     paths = write_report(comparison, args.out)
     print(f"Wrote {paths['json']} and {paths['html']}")
     return 0 if all(r.failed == 0 for r in comparison.rows()) else 1
+
+
+def run_targets(args: argparse.Namespace, model: str, warmup, runs, comparison) -> None:
+    """Each target in turn: start, warm up, one run per concurrency, stop; then the offline column."""
+    from backend.bench.compare import run_target
+    from backend.bench.compare_offline import run_offline
+    from backend.bench.compare_report import format_table
+    from backend.bench.compare_targets import LocalTargets, url_target
+
+    max_num_seqs = max(args.max_concurrency)
+    with LocalTargets(model, args.max_model_len, max_num_seqs, vllm_eager=args.vllm_eager) as local:
+        for name in args.target:
+            target = local.start(name, args.start_timeout) if name in LOCAL else url_target(name)
+            if warmup is not None:
+                print(f"* {name}: {warmup.num_prompts} warm-up requests (untimed)", flush=True)
+                run_target(target, warmup)
+            for run in runs:
+                label = name if len(runs) == 1 else f"{name} c={run.max_concurrency}"
+                print(f"* {label}: {run.num_prompts} requests", flush=True)
+                comparison.runs.append(run_target(replace(target, name=label), run))
+                print(format_table([comparison.runs[-1].row]), flush=True)
+            local.stop(name)  # the next engine gets the whole machine
+            if name == "embedded" and not args.skip_offline:
+                for run in runs:
+                    print(f"* offline engine c={run.max_concurrency}: {run.num_prompts} requests", flush=True)
+                    offline = run_offline(local.engine_config(run.max_concurrency), run, warmup)
+                    comparison.offline.append(offline)
+                    print(f"  {offline.output_tok_s or 0:,.1f} tok/s ({offline.detail})", flush=True)

@@ -50,6 +50,56 @@ def format_table(rows: list[CompareRow]) -> str:
     return "\n".join(lines)
 
 
+# issue 19's bars: served output tok/s >= 1.3x vLLM's, median TPOT below vLLM's, p99 TTFT below 2 s,
+# served throughput >= 80% of the offline engine's on the same prompts
+SPEED_BAR, TTFT_BAR_MS, OFFLINE_BAR = 1.3, 2000.0, 0.8
+
+
+def _verdict(is_met: bool) -> str:
+    return "met" if is_met else "NOT met"
+
+
+def peer_lines(ours: CompareRow, peer: CompareRow) -> list[str]:
+    c, ratio = ours.max_concurrency, ours.output_tok_s / peer.output_tok_s if peer.output_tok_s else 0.0
+    return [
+        f"c={c}: output tok/s {ours.engine} / {peer.engine} = {ours.output_tok_s:,.1f} / "
+        f"{peer.output_tok_s:,.1f} = {ratio:.2f}x (bar >= {SPEED_BAR}x: {_verdict(ratio >= SPEED_BAR)})",
+        f"c={c}: median TPOT {ours.tpot_p50_ms:,.1f} ms vs {peer.tpot_p50_ms:,.1f} ms "
+        f"(bar: below {peer.engine}'s: {_verdict(ours.tpot_p50_ms < peer.tpot_p50_ms)})",
+    ]
+
+
+def bar_lines(comparison: Comparison, ours: str = "embedded", peer: str = "vllm") -> list[str]:
+    """The issue's bars as lines, per concurrency: ours against the peer, served against offline."""
+    lines = []
+    offline = {run.max_concurrency: run for run in comparison.offline}
+    for row in comparison.rows():
+        if row.engine != ours:
+            continue
+        c = row.max_concurrency
+        other = next((r for r in comparison.rows() if r.engine == peer and r.max_concurrency == c), None)
+        lines += peer_lines(row, other) if other else []
+        ttft_met = _verdict(row.ttft_p99_ms < TTFT_BAR_MS)
+        lines.append(f"c={c}: p99 TTFT {row.ttft_p99_ms:,.0f} ms (bar < {TTFT_BAR_MS:,.0f} ms: {ttft_met})")
+        run = offline.get(c)
+        if run is not None and run.output_tok_s:
+            share = row.output_tok_s / run.output_tok_s
+            lines.append(
+                f"c={c}: served / offline output tok/s = {row.output_tok_s:,.1f} / {run.output_tok_s:,.1f} "
+                f"= {share:.2f} (bar >= {OFFLINE_BAR}: {_verdict(share >= OFFLINE_BAR)})"
+            )
+        elif run is not None:
+            lines.append(f"c={c}: offline engine: {run.detail}")
+    return lines
+
+
+def note_lines(comparison: Comparison) -> list[str]:
+    """How each target ran (vLLM's mode and threads) and how the offline column was taken."""
+    notes = dict.fromkeys(f"{r.target.split(' c=')[0]}: {r.detail}" for r in comparison.rows() if r.detail)
+    offline = [f"offline c={r.max_concurrency}: {r.detail}" for r in comparison.offline]
+    return [*notes, *offline]
+
+
 def table_html(rows: list[CompareRow]) -> str:
     headers, body = table_rows(rows)
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
@@ -123,10 +173,11 @@ def write_report(comparison: Comparison, out: str | Path) -> dict[str, Path]:
         "td,th{border:1px solid #ddd;padding:4px 8px}"
         "table{border-collapse:collapse}</style></head><body>",
         "<h1>Engine comparison</h1>",
-        f"<p>Workload: dataset <b>{html.escape(w.dataset)}</b>, {w.num_prompts} prompts, max concurrency "
-        f"{w.max_concurrency}, output up to {w.output_len} tokens, seed {w.seed}; targets run one after the "
-        "other.</p>",
+        f"<p>Workload: dataset <b>{html.escape(w.dataset)}</b>, {w.num_prompts} prompts per run, output up "
+        f"to {w.output_len} tokens, seed {w.seed} (each concurrency its own slice of the seed's prompts); "
+        "targets run one after the other.</p>",
         table_html(comparison.rows()),
+        *(f"<p>{html.escape(line)}</p>" for line in [*bar_lines(comparison), *note_lines(comparison)]),
     ]
     for i, fig in enumerate(figures(comparison).values()):
         parts.append(fig.to_html(full_html=False, include_plotlyjs=i == 0))

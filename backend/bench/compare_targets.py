@@ -4,12 +4,18 @@ or any OpenAI-compatible URL; each with the planner's memory estimate for the sa
 from __future__ import annotations
 
 import os
+import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 
 from backend.bench.compare import CompareTarget
+from backend.engine.config import EngineConfig
+from backend.export.base import ExportOptions
+from backend.export.embedded import EXPORTER as EMBEDDED
+from backend.export.plan import resolve
 from backend.export.process import ManagedServer
 from backend.export.supervisor import CPU_KV_CACHE_GIB, ExternalServers
 from backend.planner.request import PlanRequest
@@ -82,7 +88,32 @@ def url_target(url: str) -> CompareTarget:
     return CompareTarget(name=url, base_url=base, model=models[0]["id"])
 
 
-def server_target(server: ManagedServer, req: PlanRequest | None = None) -> CompareTarget:
+def vllm_threads(log: list[str]) -> str:
+    """vLLM CPU's OpenMP binding as its log states it (`OpenMP thread binding info`: the cores its worker's
+    threads run on, and those it leaves to the API server and EngineCore), or "" when it did not log one."""
+    text = "\n".join(log)
+    bind = re.search(r"VLLM_CPU_OMP_THREADS_BIND='([^']*)'", text)
+    cores, reserved = (
+        re.search(r"core ids=(\[[^\]]*\])", text),
+        re.search(r"reserved_cpus=(\[[^\]]*\])", text),
+    )
+    if not (bind and cores):
+        return ""
+    return (
+        f"VLLM_CPU_OMP_THREADS_BIND={bind.group(1)}: worker threads on cores {cores.group(1)}, "
+        f"reserved {reserved.group(1) if reserved else '[]'}"
+    )
+
+
+def target_detail(server: ManagedServer, enforce_eager: bool | None) -> str:
+    """How the engine ran, for the report: vLLM's mode and thread binding."""
+    if server.engine != "vllm":
+        return ""
+    mode = "eager (--enforce-eager)" if enforce_eager else "compiled (torch.compile, vllm serve's default)"
+    return "; ".join(part for part in (f"vLLM {mode}", vllm_threads(list(server.log))) if part)
+
+
+def server_target(server: ManagedServer, req: PlanRequest | None = None, detail: str = "") -> CompareTarget:
     """A running external server as a target: its processes for memory, its own KV size, the plan."""
     return CompareTarget(
         name=server.engine,
@@ -92,14 +123,16 @@ def server_target(server: ManagedServer, req: PlanRequest | None = None) -> Comp
         kv_cache_tokens=server.startup.kv_cache_tokens,
         block_size=req.block_size if req else 16,
         planned=planned(req) if req else {},
+        detail=detail,
     )
 
 
 class LocalTargets:
     """Launch local engines for one plan, one at a time; stop them all on exit."""
 
-    def __init__(self, model: str, max_model_len: int, max_num_seqs: int) -> None:
+    def __init__(self, model: str, max_model_len: int, max_num_seqs: int, vllm_eager: bool = False) -> None:
         self.model, self.max_model_len, self.max_num_seqs = model, max_model_len, max_num_seqs
+        self.vllm_eager = vllm_eager  # compiled by default: vLLM as `vllm serve` runs it
         self.servers = ExternalServers()
 
     def request(self, engine: str) -> PlanRequest:
@@ -116,8 +149,9 @@ class LocalTargets:
 
     def start(self, engine: str, timeout_s: float) -> CompareTarget:
         req = self.request(engine)
+        eager = self.vllm_eager if engine == "vllm" else None
         try:
-            server = self.servers.start(req, engine)
+            server = self.servers.start(req, engine, enforce_eager=eager)
         except ValueError as exc:
             raise SystemExit(f"compare: {engine}: {exc}") from None
         print(f"* starting {engine} (pid {server.pid}) on {server.base_url} …", flush=True)
@@ -127,7 +161,13 @@ class LocalTargets:
             detail = "\n".join(status.error or list(server.log)[-20:])
             raise SystemExit(f"compare: {engine} did not start ({status.phase}):\n{detail}")
         print(f"* {engine} ready in {status.seconds:.0f} s", flush=True)
-        return server_target(server, req)
+        return server_target(server, req, target_detail(server, eager))
+
+    def engine_config(self, max_num_seqs: int) -> EngineConfig:
+        """The embedded server's engine settings (its launch command's flags) with max_num_seqs: the
+        offline column runs the engine exactly as served."""
+        plan = resolve(replace(self.request("embedded"), max_num_seqs=max_num_seqs), ExportOptions())
+        return EMBEDDED.engine_config(plan)
 
     def stop(self, engine: str) -> None:
         if self.servers.get(engine) is not None:

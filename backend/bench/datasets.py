@@ -1,11 +1,17 @@
 """Benchmark prompts: random, chat (from the bundled corpus), prefix-repetition, or a JSONL file.
 
-Nothing is downloaded. Lengths are counted in the model's tokens when a tokenizer is given, otherwise
-in words (about 1.3 tokens each for English); the benchmark reports the server's exact token counts.
+Nothing is downloaded. With a tokenizer, `random` is vLLM's random dataset (`vllm bench serve
+--dataset-name random`): runs of consecutive token ids (special tokens left out) from a random first id,
+decoded to text and re-encoded until the text is exactly input_len tokens. Each prompt of a seed's stream
+starts at a different id (a shuffled order of them), so no two prompts of one stream share a first KV block
+and a slice of the stream (`skip_requests`) never repeats another slice's prompts. Without a tokenizer,
+`random` is a run of corpus words and lengths count words (about 1.3 tokens each for English); the
+benchmark reports the server's exact token counts either way.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections.abc import Iterator
@@ -77,9 +83,40 @@ def _passage(rng: random.Random, n_words: int) -> str:
     return "\n".join(out).strip()
 
 
-def random_requests(n, input_len, output_len, range_ratio, rng, tokenizer=None) -> Iterator[SampleRequest]:
+def random_requests(n, input_len, output_len, range_ratio, rng) -> Iterator[SampleRequest]:
+    """Without a tokenizer: runs of corpus words, lengths in words."""
     for _ in range(n):
-        prompt = _words(rng, _length(rng, input_len, range_ratio), tokenizer)
+        prompt = _words(rng, _length(rng, input_len, range_ratio))
+        yield SampleRequest(prompt, None, _length(rng, output_len, range_ratio))
+
+
+def allowed_token_ids(tokenizer) -> list[int]:
+    special = set(tokenizer.all_special_ids)
+    return [i for i in range(tokenizer.vocab_size) if i not in special]
+
+
+def fit_to_length(tokenizer, ids: list[int], length: int, rng: random.Random, allowed: list[int]) -> str:
+    """Text that encodes to exactly ``length`` tokens: decode, re-encode, cut or pad with random ids, up
+    to 10 times (vLLM's gen_prompt_decode_to_target_len; a pair of ids can re-encode as three)."""
+    for _ in range(10):
+        prompt = tokenizer.decode(ids)
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        if len(ids) == length:
+            return prompt
+        ids = ids[:length] + [rng.choice(allowed) for _ in range(length - len(ids))]
+    return tokenizer.decode(ids)
+
+
+def random_token_requests(n, input_len, output_len, range_ratio, rng, tokenizer) -> Iterator[SampleRequest]:
+    """vLLM's random dataset: request i is consecutive allowed ids from the i-th of a shuffled order of
+    first ids (each prompt begins differently)."""
+    allowed = allowed_token_ids(tokenizer)
+    firsts = list(range(len(allowed)))
+    rng.shuffle(firsts)
+    for i in range(n):
+        length, first = _length(rng, input_len, range_ratio), firsts[i % len(firsts)]
+        ids = [allowed[(first + j) % len(allowed)] for j in range(length)]
+        prompt = fit_to_length(tokenizer, ids, length, rng, allowed)
         yield SampleRequest(prompt, None, _length(rng, output_len, range_ratio))
 
 
@@ -127,12 +164,20 @@ def sample_requests(config) -> list[SampleRequest]:
 
 
 def iter_requests(config) -> Iterator[SampleRequest]:
-    """The same requests, built one at a time as the benchmark sends them (a file is read at once)."""
+    """The same requests, built one at a time as the benchmark sends them (a file is read at once): the
+    seed's stream without its first ``skip_requests``."""
+    skip = config.skip_requests
+    return itertools.islice(_stream(config, skip + config.num_prompts), skip, None)
+
+
+def _stream(config, n: int) -> Iterator[SampleRequest]:
     rng = random.Random(config.seed)
     tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
-    n, inp, out, ratio = config.num_prompts, config.input_len, config.output_len, config.range_ratio
+    inp, out, ratio = config.input_len, config.output_len, config.range_ratio
+    if config.dataset == "random" and tokenizer is not None:
+        return random_token_requests(n, inp, out, ratio, rng, tokenizer)
     if config.dataset == "random":
-        return random_requests(n, inp, out, ratio, rng, tokenizer)
+        return random_requests(n, inp, out, ratio, rng)
     if config.dataset == "chat":
         return chat_requests(n, inp, out, ratio, rng)
     if config.dataset == "prefix-repetition":
@@ -142,6 +187,7 @@ def iter_requests(config) -> Iterator[SampleRequest]:
     raise ValueError(f"unknown dataset {config.dataset!r}: use one of {', '.join(DATASETS)} or a FILE.jsonl")
 
 
+@cache
 def load_tokenizer(name: str):
     from transformers import AutoTokenizer
 

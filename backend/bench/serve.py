@@ -38,6 +38,7 @@ class BenchConfig:
     num_prefixes: int = 4  # prefix-repetition
     prefix_len: int = 192
     seed: int = 0
+    skip_requests: int = 0  # start this far into the seed's request stream (disjoint runs of one seed)
     endpoint: str = "auto"  # auto | chat | completions
     temperature: float = 0.0
     ignore_eos: bool = False
@@ -58,6 +59,8 @@ class BenchConfig:
             raise ValueError(
                 f"input_len and output_len must be >= 1, got {self.input_len}, {self.output_len}"
             )
+        if self.skip_requests < 0:
+            raise ValueError(f"skip_requests must be >= 0, got {self.skip_requests}")
         if not 0 <= self.range_ratio < 1:
             raise ValueError(f"range_ratio must be in [0, 1), got {self.range_ratio}")
         if self.endpoint not in ("auto", "chat", "completions"):

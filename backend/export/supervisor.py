@@ -91,11 +91,14 @@ def has_gpu() -> bool:
     return shutil.which("nvidia-smi") is not None
 
 
-def launch_command(req: PlanRequest, engine: str, port: int) -> str:
-    """The exported launch command (every value shell-quoted by the exporter) for this plan. Without a GPU,
-    vLLM runs eager: its CPU build's torch.compile takes minutes here and its compiled graph answered
-    differently from the eager one and from transformers (vLLM 0.32.0 CPU, torch 2.13)."""
-    options = ExportOptions(host="127.0.0.1", port=port, enforce_eager=engine == "vllm" and not has_gpu())
+def launch_command(req: PlanRequest, engine: str, port: int, enforce_eager: bool | None = None) -> str:
+    """The exported launch command (every value shell-quoted by the exporter) for this plan. By default
+    (enforce_eager None: the Launch tab) vLLM runs eager without a GPU: its CPU build's torch.compile takes
+    minutes here and its compiled graph answered differently from the eager one and from transformers
+    (vLLM 0.32.0 CPU, torch 2.13). Compare passes False: a speed comparison runs vLLM as it runs by
+    default."""
+    eager = engine == "vllm" and not has_gpu() if enforce_eager is None else enforce_eager
+    options = ExportOptions(host="127.0.0.1", port=port, enforce_eager=eager)
     return main_command(resolve(req, options), engine)
 
 
@@ -117,8 +120,11 @@ class ExternalServers:
         self._lock = threading.Lock()
         atexit.register(self.stop_all)
 
-    def start(self, req: PlanRequest | None, engine: str, port: int | None = None) -> ManagedServer:
-        """Start the engine's server for the plan (port None or 0: a free one); ValueError when it cannot."""
+    def start(
+        self, req: PlanRequest | None, engine: str, port: int | None = None, enforce_eager: bool | None = None
+    ) -> ManagedServer:
+        """Start the engine's server for the plan (port None or 0: a free one; enforce_eager as in
+        launch_command); ValueError when it cannot."""
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         if not installed(engine):
@@ -130,7 +136,7 @@ class ExternalServers:
             if running is not None and running.alive():
                 raise ValueError(f"{engine} is already running (pid {running.pid}); stop it first")
             port = port or free_port()
-            command = launch_command(req, engine, port)
+            command = launch_command(req, engine, port, enforce_eager)
             server = ManagedServer(engine, command, port, launch_env(engine), served_name=req.model, cwd=ROOT)
             server.plan = req
             server.start()
