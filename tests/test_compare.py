@@ -11,9 +11,12 @@ import os
 import pytest
 
 from app import main as app_main
-from backend.bench.compare import CompareTarget, Workload, run_compare
-from backend.bench.compare_report import format_table, write_report
+from backend.bench.compare import CompareTarget, Comparison, Workload, run_compare, run_target, split_runs
+from backend.bench.compare_offline import run_offline
+from backend.bench.compare_report import bar_lines, format_table, write_report
+from backend.engine.config import EngineConfig
 from backend.export.startup import Startup, error_lines
+from tests.engine_utils import tiny_model
 from tests.server_utils import tiny_llama_server
 
 # Lines from a real `vllm serve` (0.32.0, CPU) log, in order; the last one is a failed start.
@@ -91,6 +94,28 @@ def test_compare_runs_the_same_workload_on_each_target_and_writes_reports(served
     assert "data-target='second'" in page and "Plotly.newPlot" in page
     assert '<script src="https://cdn.plot.ly' not in page
     assert len(page) > 1_000_000  # plotly.js is inline: the report opens offline
+
+
+def test_offline_column_runs_the_served_prompts_and_states_the_bar(served):
+    """One concurrency's slice served, then the same prompts through LLM.generate in a subprocess: the
+    same prompt tokens as the server counted, a figure, and issue 19's served/offline line."""
+    engine, server = served
+    model = tiny_model("llama")[0]
+    base = Workload(
+        dataset="random", num_prompts=4, input_len=24, output_len=6, ignore_eos=True, tokenizer=model
+    )
+    warm, (run,) = split_runs(base, [2], warmup=2)
+    target = CompareTarget("embedded", f"{server.url}/v1", "tiny", block_size=engine.stats().block_size)
+    served_run = run_target(target, run)
+    assert served_run.row.max_concurrency == 2 and served_run.result.total_input_tokens == 4 * 24
+    offline = run_offline(
+        EngineConfig(model, max_num_seqs=2, num_kv_blocks=256, max_model_len=512), run, warm
+    )
+    assert offline.output_tok_s > 0, offline.detail
+    assert offline.prompt_tokens == 4 * 24 and "2 warm-up prompts untimed" in offline.detail
+    lines = bar_lines(Comparison(base, [served_run], [offline]))
+    assert lines[0].startswith("c=2: p99 TTFT") and lines[1].startswith("c=2: served / offline output tok/s")
+    assert "DIFFER" not in lines[1]
 
 
 def test_compare_cli_needs_two_targets(capsys):

@@ -203,6 +203,7 @@ class OfflineRun:
     max_concurrency: int
     output_tok_s: float | None  # None: it failed (detail says why)
     detail: str
+    prompt_tokens: int = 0  # as the served run's usage counted them when the prompts are the same
 
 
 @dataclass(slots=True)

@@ -73,7 +73,8 @@ def run_offline(config: EngineConfig, run: Workload, warmup: Workload | None) ->
         f"LLM.generate, max_num_seqs {config.max_num_seqs}, {len(timed['prompts'])} prompts "
         f"({result['input_tokens']:,} prompt tokens), {len(warm['prompts'])} warm-up prompts untimed"
     )
-    return OfflineRun(run.max_concurrency, result["output_tokens"] / result["elapsed_s"], detail)
+    tok_s = result["output_tokens"] / result["elapsed_s"]
+    return OfflineRun(run.max_concurrency, tok_s, detail, result["input_tokens"])
 
 
 def main(path: str) -> None:

@@ -6,7 +6,7 @@ import html
 import json
 from pathlib import Path
 
-from backend.bench.compare import CompareRow, Comparison
+from backend.bench.compare import CompareRow, Comparison, OfflineRun, TargetRun
 from backend.bench.plots import latency_values_ms
 
 GIB = 1024**3
@@ -69,11 +69,27 @@ def peer_lines(ours: CompareRow, peer: CompareRow) -> list[str]:
     ]
 
 
+def offline_line(served: TargetRun, offline: OfflineRun) -> str:
+    row = served.row
+    if not offline.output_tok_s:
+        return f"c={row.max_concurrency}: offline engine {offline.detail}"
+    share = row.output_tok_s / offline.output_tok_s
+    line = (
+        f"c={row.max_concurrency}: served / offline output tok/s = {row.output_tok_s:,.1f} / "
+        f"{offline.output_tok_s:,.1f} = {share:.2f} (bar >= {OFFLINE_BAR}: {_verdict(share >= OFFLINE_BAR)})"
+    )
+    served_tokens = served.result.total_input_tokens
+    if offline.prompt_tokens != served_tokens:  # the server tokenized the prompts differently
+        line += f"; prompts DIFFER: {served_tokens:,} prompt tokens served, {offline.prompt_tokens:,} offline"
+    return line
+
+
 def bar_lines(comparison: Comparison, ours: str = "embedded", peer: str = "vllm") -> list[str]:
     """The issue's bars as lines, per concurrency: ours against the peer, served against offline."""
     lines = []
     offline = {run.max_concurrency: run for run in comparison.offline}
-    for row in comparison.rows():
+    for served in comparison.runs:
+        row = served.row
         if row.engine != ours:
             continue
         c = row.max_concurrency
@@ -81,15 +97,8 @@ def bar_lines(comparison: Comparison, ours: str = "embedded", peer: str = "vllm"
         lines += peer_lines(row, other) if other else []
         ttft_met = _verdict(row.ttft_p99_ms < TTFT_BAR_MS)
         lines.append(f"c={c}: p99 TTFT {row.ttft_p99_ms:,.0f} ms (bar < {TTFT_BAR_MS:,.0f} ms: {ttft_met})")
-        run = offline.get(c)
-        if run is not None and run.output_tok_s:
-            share = row.output_tok_s / run.output_tok_s
-            lines.append(
-                f"c={c}: served / offline output tok/s = {row.output_tok_s:,.1f} / {run.output_tok_s:,.1f} "
-                f"= {share:.2f} (bar >= {OFFLINE_BAR}: {_verdict(share >= OFFLINE_BAR)})"
-            )
-        elif run is not None:
-            lines.append(f"c={c}: offline engine: {run.detail}")
+        if c in offline:
+            lines.append(offline_line(served, offline[c]))
     return lines
 
 
