@@ -1,6 +1,7 @@
 """Compare's harness without servers: each concurrency's own prompts (vLLM's random dataset, real
-tokenizer), the issue-19 bar lines from known numbers, vLLM compiled by default in compare's command, and
-vLLM's thread binding read from its log. The served and offline runs are in test_compare.py."""
+tokenizer), the issue-19 bar lines from known numbers, vLLM compiled by default in compare's command,
+vLLM's thread binding read from its log, and the memory account. The served and offline runs are in
+test_compare.py."""
 
 from __future__ import annotations
 
@@ -18,11 +19,14 @@ from backend.bench.compare import (
 from backend.bench.compare_report import bar_lines, note_lines
 from backend.bench.compare_targets import LocalTargets, vllm_threads
 from backend.bench.datasets import load_tokenizer, sample_requests
+from backend.bench.memory import Mapping, by_kind, engine_account, kind, kv_ranges, read_smaps
 from backend.bench.results import BenchResult
 from backend.export.supervisor import launch_command
-from tests.engine_utils import tokenizer_dir
+from tests.engine_utils import tiny_model, tokenizer_dir
 
 BLOCK = 32  # compare's block size: a shared first block would be a prefix-cache hit
+KV_KIND = "KV pool (anonymous mmap; pages committed when first written)"
+LIBRARIES = "shared libraries (torch, oneDNN, Python modules)"
 
 
 def prompts(workload: Workload) -> list[str]:
@@ -116,3 +120,28 @@ def test_vllm_thread_binding_is_read_from_its_log():
     ]
     assert vllm_threads(log) == "VLLM_CPU_OMP_THREADS_BIND=auto: worker threads on cores [1], reserved [0]"
     assert vllm_threads(["INFO no binding here"]) == ""
+
+
+def test_memory_account_sees_the_kv_pool_commit_as_blocks_are_written():
+    """The KV pool is reserved, not resident, until blocks are written; smaps groups it apart."""
+    from backend.engine import LLM, SamplingParams
+
+    llm = LLM(tiny_model("llama")[0], num_kv_blocks=64, block_size=16, max_model_len=512)
+    before = engine_account(llm)
+    assert before["KV pool committed (resident)"] == 0 and before["KV pool reserved (virtual)"] > 0
+    llm.generate([list(range(100, 300))], SamplingParams(max_tokens=4, ignore_eos=True))
+    after = engine_account(llm)
+    assert 0 < after["KV pool committed (resident)"] <= after["KV pool reserved (virtual)"]
+    kinds = by_kind(read_smaps(), kv_ranges(llm))
+    assert kinds[KV_KIND]["rss"] == after["KV pool committed (resident)"]
+    assert kinds[LIBRARIES]["rss"] > 0 and after["weights (packed oneDNN copies included)"] > 0
+
+
+def test_memory_kinds_of_mappings():
+    def mapping(path: str) -> Mapping:
+        return Mapping(0x1000, 0x2000, path)
+
+    assert kind(mapping("/dev/zero (deleted)"), []) == KV_KIND  # Python's mmap(-1, n)
+    assert kind(mapping("/m/model.safetensors"), []).startswith("model files")
+    assert kind(mapping("/lib/libtorch_cpu.so"), []) == LIBRARIES
+    assert kind(mapping(""), [(0x1800, 0x1900)]) == KV_KIND and kind(mapping(""), []).startswith("anonymous")
