@@ -7,6 +7,14 @@ accepted but not yet scheduled, so a burst cannot overfill the queue. Outputs tr
 RequestOutputCollector per request (newest output only). Whatever a request raises fails that request;
 if the stepping thread itself stops, the engine is marked dead (``errored``) and every caller, waiting
 or new, gets EngineDeadError at once.
+
+Each step's outputs reach each event loop in one hand-over (one ``call_soon_threadsafe`` per loop per
+step, as vLLM's output handler takes one EngineCoreOutputs batch per step), not one wake-up per request.
+Given a loader instead of a loaded LLM, the stepping thread loads the model itself, so it is the only
+thread of the process that runs OpenMP parallel regions: libgomp keeps a worker pool per thread that
+ever ran one, and once its workers outnumber the CPUs every worker sleeps in the kernel between regions
+instead of spinning (``gomp_throttled_spin_count_var``), so each of a step's few hundred regions waits
+for a wake-up.
 """
 
 from __future__ import annotations
@@ -19,8 +27,9 @@ import queue
 import threading
 import uuid
 from collections.abc import AsyncGenerator, Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
 
 from backend.engine.exceptions import EngineDeadError, EngineGenerateError, EngineOverloadedError
 from backend.engine.llm import LLM
@@ -29,16 +38,22 @@ from backend.engine.outputs import RequestOutput
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.stats import EngineStats
 
+if TYPE_CHECKING:
+    from backend.engine.config import EngineConfig
+    from backend.engine.load_phases import LoadPhases
+
 log = logging.getLogger(__name__)
 DEFAULT_MAX_WAITING_REQUESTS = 256
 
 
 class AsyncLLM:
-    def __init__(self, llm: LLM, max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS) -> None:
+    def __init__(
+        self, llm: LLM | Callable[[], LLM], max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS
+    ) -> None:
+        """llm: a loaded LLM, or a function that loads one on the stepping thread (from_config); its
+        error, if any, is raised here."""
         if max_waiting_requests < 0:
             raise ValueError(f"max_waiting_requests must be >= 0, got {max_waiting_requests}")
-        self.llm = llm
-        self.engine = llm.llm_engine
         self.max_waiting_requests = max_waiting_requests
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards _collectors, _num_pending and _dead
@@ -48,8 +63,23 @@ class AsyncLLM:
         self._wakeup = threading.Event()
         # one thread, as vLLM: tokenizers are not safe to share between threads
         self._tokenizer_executor = ThreadPoolExecutor(1, thread_name_prefix="AsyncLLM-tokenizer")
-        self._thread = threading.Thread(target=self._run, name="AsyncLLM-engine", daemon=True)
+        loaded: Future[LLM] = Future()
+        self._thread = threading.Thread(
+            target=self._run, args=(llm, loaded), name="AsyncLLM-engine", daemon=True
+        )
         self._thread.start()
+        self.llm = loaded.result()
+        self.engine = self.llm.llm_engine
+
+    @classmethod
+    def from_config(
+        cls,
+        config: EngineConfig,
+        phases: LoadPhases | None = None,
+        max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS,
+    ) -> AsyncLLM:
+        """Load config's model on the stepping thread (see the module docstring) and serve it."""
+        return cls(lambda: LLM(phases=phases, **asdict(config)), max_waiting_requests)
 
     @property
     def tokenizer(self) -> Any:
@@ -168,7 +198,14 @@ class AsyncLLM:
         self._wakeup.set()
 
     # ---- the stepping thread ----
-    def _run(self) -> None:
+    def _run(self, llm: LLM | Callable[[], LLM], loaded: Future[LLM]) -> None:
+        try:
+            self.llm = llm if isinstance(llm, LLM) else llm()
+            self.engine = self.llm.llm_engine
+        except BaseException as exc:  # the load failed: the constructor raises it
+            loaded.set_exception(exc)
+            return
+        loaded.set_result(self.llm)
         reason = "the engine was shut down"
         try:
             self._serve()
@@ -195,8 +232,7 @@ class AsyncLLM:
                     log.exception("engine step failed")
                     self._fail_all(exc)
                     break
-                for out in outputs:
-                    self._deliver_output(out)
+                self._deliver_all([(out.request_id, _item(out)) for out in outputs])
             if not self._commands.empty():
                 self._wakeup.set()
 
@@ -236,23 +272,36 @@ class AsyncLLM:
             self.engine.abort_request(request_id)
             self._deliver(request_id, EngineGenerateError(f"engine step failed: {_describe(exc)}"))
 
-    def _deliver_output(self, out: RequestOutput) -> None:
-        if out.error is not None:
-            self._deliver(out.request_id, EngineGenerateError(out.error))
-        else:
-            self._deliver(out.request_id, out)
-
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        self._deliver_all([(request_id, item)])
+
+    def _deliver_all(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
+        """Hand one step's outputs to their consumers: one call_soon_threadsafe per event loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[str, RequestOutputCollector, Any]]] = {}
         with self._lock:
-            collector = self._collectors.get(request_id)
-            if collector is not None and (isinstance(item, BaseException) or item.finished):
-                del self._collectors[request_id]  # final: nothing more goes to it
-        if collector is None:
-            return
-        try:
-            collector.put(item)
-        except RuntimeError:  # the caller's event loop is closed: nobody listens any more
-            self.engine.abort_request(request_id)
+            for request_id, item in items:
+                collector = self._collectors.get(request_id)
+                if collector is None:
+                    continue
+                if isinstance(item, BaseException) or item.finished:
+                    del self._collectors[request_id]  # final: nothing more goes to it
+                by_loop.setdefault(collector.loop, []).append((request_id, collector, item))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_hand_over, batch)
+            except RuntimeError:  # that event loop is closed: nobody listens any more
+                for request_id, _, _ in batch:
+                    self.engine.abort_request(request_id)
+
+
+def _item(out: RequestOutput) -> RequestOutput | BaseException:
+    return EngineGenerateError(out.error) if out.error is not None else out
+
+
+def _hand_over(batch: list[tuple[str, RequestOutputCollector, Any]]) -> None:
+    """On the consumers' event loop: one step's outputs into their collectors."""
+    for _, collector, item in batch:
+        collector.put_nowait(item)
 
 
 def _describe(exc: BaseException) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import asdict
 
 from backend.cli_args import port_or_zero
 from backend.engine.config import EngineConfig
@@ -78,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
     import uvicorn
 
     from backend.default_model import default_model
-    from backend.engine import LLM, AsyncLLM
+    from backend.engine import AsyncLLM
     from backend.server.app import build_app
 
     api_key = api_key_from_env(args.api_key_env)
@@ -90,8 +89,7 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     print(f"Loading {config.model} ...", flush=True)
-    llm = LLM(**asdict(config))
-    engine = AsyncLLM(llm)
+    engine = AsyncLLM.from_config(config)  # loaded on its stepping thread (async_llm.py)
     app = build_app(
         lambda: engine,
         served_model_name=args.served_model_name,

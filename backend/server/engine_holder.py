@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -53,8 +53,8 @@ class EngineStatus:
 
 def build_engine(config: EngineConfig, phases: LoadPhases) -> AsyncLLM:
     with phases.phase("import torch and the engine"):
-        from backend.engine import LLM, AsyncLLM  # torch loads on the first launch, not at app start
-    return AsyncLLM(LLM(phases=phases, **asdict(config)))
+        from backend.engine import AsyncLLM  # torch loads on the first launch, not at app start
+    return AsyncLLM.from_config(config, phases)  # loaded on its stepping thread (async_llm.py)
 
 
 class EngineHolder:
