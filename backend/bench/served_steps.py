@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -71,11 +74,23 @@ class StepRecorder:
         return records
 
 
-def offline_pass(llm, prompts: list[list[int]], output_len: int, concurrency: int) -> float:
+def voluntary_switches() -> int:
+    """Voluntary context switches of every thread of this process so far (a sleeping OpenMP worker
+    adds one per parallel region it is woken for)."""
+    total = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            lines = Path(f"/proc/self/task/{task}/status").read_text().splitlines()
+        except OSError:  # the thread ended
+            continue
+        total += sum(int(line.split()[1]) for line in lines if line.startswith("voluntary_ctxt_switches"))
+    return total
+
+
+def offline_pass(engine, prompts: list[list[int]], output_len: int, concurrency: int) -> float:
     """Keep `concurrency` requests in flight until all prompts are done; returns the wall time."""
     from backend.engine import SamplingParams
 
-    engine = llm.llm_engine
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     pending = list(enumerate(prompts))
     start, in_flight = time.perf_counter(), 0
@@ -95,108 +110,173 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def served_pass(llm, args: argparse.Namespace, seed: int) -> tuple[float, str]:
-    """Serve llm on a free port while `app.py bench` loads it; returns (wall time, the client's report)."""
+def client_command(args: argparse.Namespace, port: int, out: Path) -> list[str]:
+    command = [
+        sys.executable,
+        str(REPO_ROOT / "app.py"),
+        "bench",
+        "--base-url",
+        f"http://127.0.0.1:{port}/v1",
+    ]
+    command += ["--model", "served-steps", "--tokenizer", args.model, "--dataset", "random"]
+    command += ["--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.max_concurrency)]
+    command += ["--input-len", str(args.input_len), "--output-len", str(args.output_len)]
+    return [*command, "--ignore-eos", "--seed", str(args.seed), "--out", str(out)]
+
+
+async def served_pass(engine, args: argparse.Namespace, recorder: StepRecorder) -> tuple[float, dict]:
+    """Serve engine (an AsyncLLM) while `app.py bench` loads it; returns (wall time, the client's result)."""
     import uvicorn
 
-    from backend.engine import AsyncLLM
     from backend.server.app import build_app
 
-    engine = AsyncLLM(llm)
     port = free_port()
     app = build_app(lambda: engine, served_model_name="served-steps")
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.05)
-    command = [sys.executable, str(REPO_ROOT / "app.py"), "bench", "--base-url", f"http://127.0.0.1:{port}/v1"]
-    command += ["--model", "served-steps", "--tokenizer", args.model, "--dataset", "random"]
-    command += ["--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.max_concurrency)]
-    command += ["--input-len", str(args.input_len), "--output-len", str(args.output_len)]
-    command += ["--ignore-eos", "--seed", str(seed)]
-    start = time.perf_counter()
-    client = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE, cwd=REPO_ROOT)
-    report, _ = await client.communicate()
-    seconds = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "result.json"
+        client = await asyncio.create_subprocess_exec(
+            *client_command(args, port, out),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        recorder.take()  # steps start with the client's first request
+        start = time.perf_counter()
+        await client.wait()
+        seconds = time.perf_counter() - start
+        result = json.loads(out.read_text()) if out.exists() else {}
     server.should_exit = True
     await task
-    engine.shutdown()
-    return seconds, report.decode()
+    return seconds, result
 
 
 def bench_prompts(args: argparse.Namespace, seed: int) -> list[list[int]]:
     """The token ids of the prompts `app.py bench --dataset random --seed seed` sends."""
-    from backend.bench.datasets import iter_requests
+    from backend.bench.datasets import iter_requests, load_tokenizer
     from backend.bench.serve import BenchConfig
 
     config = BenchConfig("", "", num_prompts=args.num_prompts, input_len=args.input_len, seed=seed)
     config = replace(config, output_len=args.output_len, tokenizer=args.model)
-    from backend.bench.datasets import load_tokenizer
-
     tokenizer = load_tokenizer(args.model)
     return [list(tokenizer(req.prompt)["input_ids"]) for req in iter_requests(config)]
 
 
-def summarize(name: str, records: list[StepRecord], seconds: float) -> dict[int, float]:
-    """Print one pass's steps; returns the median ms of pure-decode steps by number of rows."""
-    tokens = sum(r.num_decode_rows for r in records) + sum(1 for r in records if r.num_prefill_tokens)
-    busy = sum(r.seconds for r in records)
-    print(f"{name}: {len(records)} steps in {seconds:.1f} s ({len(records) / seconds:.1f} steps/s), "
-          f"engine busy {busy / seconds:.0%}, ~{tokens / seconds:.1f} out tok/s")
-    decode_ms: dict[int, float] = {}
-    by_rows: dict[int, list[StepRecord]] = {}
-    for r in records:
-        if r.num_prefill_tokens == 0:
-            by_rows.setdefault(r.num_decode_rows, []).append(r)
-    for rows, group in sorted(by_rows.items()):
-        if len(group) >= 5:
-            decode_ms[rows] = statistics.median(r.seconds for r in group) * 1e3
-    mixed = [r for r in records if r.num_prefill_tokens]
-    gaps = [r.gap_seconds * 1e3 for r in records[1:]]
-    print(f"  decode-only steps, median ms by rows: "
-          + ", ".join(f"{rows}: {ms:.1f}" for rows, ms in decode_ms.items()))
-    if mixed:
-        print(f"  steps with prefill: {len(mixed)}, median {statistics.median(r.seconds for r in mixed) * 1e3:.0f} ms, "
-              f"median prefill tokens {statistics.median(r.num_prefill_tokens for r in mixed):.0f}")
-    if gaps:
-        print(f"  gap between steps: median {statistics.median(gaps):.2f} ms, mean {statistics.fmean(gaps):.2f} ms")
-    return decode_ms
+def step_summary(records: list[StepRecord], seconds: float, switches: int) -> dict:
+    """Steps/s, decode-only step time at the most common row count, mixed steps, gaps, switches/step."""
+    decode = [r for r in records if r.num_prefill_tokens == 0]
+    rows = statistics.mode(r.num_decode_rows for r in decode) if decode else 0
+    same = [r.seconds for r in decode if r.num_decode_rows == rows]
+    mixed = [r.seconds for r in records if r.num_prefill_tokens]
+    return {
+        "steps_per_s": len(records) / seconds,
+        "busy": sum(r.seconds for r in records) / seconds,
+        "decode_rows": rows,
+        "decode_step_ms": statistics.median(same) * 1e3 if same else float("nan"),
+        "mixed_step_ms": statistics.median(mixed) * 1e3 if mixed else float("nan"),
+        "gap_ms": statistics.fmean(r.gap_seconds for r in records[1:]) * 1e3 if len(records) > 1 else 0.0,
+        "switches_per_step": switches / max(1, len(records)),
+    }
 
 
-def main() -> int:
+def run_child(args: argparse.Namespace) -> dict:
+    """One variant in this process: offline, served (loaded on the stepping thread) or served-main-load."""
+    from backend.engine import LLM, AsyncLLM
+    from backend.engine.config import EngineConfig
+
+    kwargs = {"block_size": args.block_size}
+    if args.max_num_batched_tokens:
+        kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
+    config = EngineConfig(args.model, **kwargs)
+    recorder = StepRecorder()
+    if args.child == "offline":
+        engine = LLM(**asdict(config)).llm_engine
+        recorder.attach(engine)
+        offline_pass(engine, bench_prompts(args, args.seed + 1000)[:4], 4, args.max_concurrency)  # warm-up
+        recorder.take()
+        switches = voluntary_switches()
+        seconds = offline_pass(engine, bench_prompts(args, args.seed), args.output_len, args.max_concurrency)
+        return {"steps": step_summary(recorder.take(), seconds, voluntary_switches() - switches)}
+    # served-main-load: the layout before, loaded on the main thread and stepped on another (two pools)
+    served = args.child == "served"
+    async_llm = AsyncLLM.from_config(config) if served else AsyncLLM(LLM(**asdict(config)))
+    recorder.attach(async_llm.engine)
+    switches = voluntary_switches()
+    seconds, result = asyncio.run(served_pass(async_llm, args, recorder))
+    steps = step_summary(recorder.take(), seconds, voluntary_switches() - switches)
+    async_llm.shutdown()
+    keys = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms")
+    return {"steps": steps, "client": {key: result.get(key) for key in keys}}
+
+
+VARIANTS = ("offline", "served", "served-main-load")
+COLUMNS = (  # (header, section, key, format)
+    ("step ms", "steps", "decode_step_ms", "{:.1f}"),
+    ("mixed ms", "steps", "mixed_step_ms", "{:.0f}"),
+    ("steps/s", "steps", "steps_per_s", "{:.1f}"),
+    ("busy", "steps", "busy", "{:.0%}"),
+    ("gap ms", "steps", "gap_ms", "{:.2f}"),
+    ("switches/step", "steps", "switches_per_step", "{:.0f}"),
+    ("out tok/s", "client", "output_throughput", "{:.1f}"),
+    ("TTFT p50", "client", "median_ttft_ms", "{:.0f}"),
+    ("TTFT p99", "client", "p99_ttft_ms", "{:.0f}"),
+    ("TPOT p50", "client", "median_tpot_ms", "{:.1f}"),
+    ("ITL p50", "client", "median_itl_ms", "{:.1f}"),
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="a local model folder (its tokenizer too)")
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--max-concurrency", type=int, default=16)
     parser.add_argument("--input-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None, help="engine's (default: its own)")
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, help="engine's (default: its own)"
+    )
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=5)
-    args = parser.parse_args()
+    parser.add_argument("--seed", type=int, default=5, help="prompt seed, the same for every variant")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds of all variants")
+    parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
 
+
+def row(variant: str, result: dict, load: float) -> str:
+    cells = []
+    for _, section, key, fmt in COLUMNS:
+        value = result.get(section, {}).get(key)
+        cells.append(fmt.format(value) if isinstance(value, float | int) else "-")
+    return f"| {variant} | " + " | ".join(cells) + f" | {load:.2f} |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        print("RESULT " + json.dumps(run_child(args)), flush=True)
+        return 0
     from backend.bench.step_profile import cpu_summary
-    from backend.engine import LLM
 
-    kwargs = {"block_size": args.block_size}
-    if args.max_num_batched_tokens:
-        kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
-    llm = LLM(args.model, **kwargs)
     print(cpu_summary())
-    print(f"load average before: {os.getloadavg()}")
-    recorder = StepRecorder()
-    recorder.attach(llm.llm_engine)
-    offline_pass(llm, bench_prompts(args, args.seed + 1000)[:16], 8, args.max_concurrency)  # warm-up
-    recorder.take()
-    seconds = offline_pass(llm, bench_prompts(args, args.seed + 1), args.output_len, args.max_concurrency)
-    offline = summarize("offline", recorder.take(), seconds)
-    seconds, report = asyncio.run(served_pass(llm, args, args.seed))
-    served = summarize("served", recorder.take(), seconds)
-    print(f"load average after: {os.getloadavg()}")
-    for rows in sorted(set(offline) & set(served)):
-        print(f"  {rows} decode rows: served / offline step time = {served[rows] / offline[rows]:.2f}x")
-    print("--- the client's report (app.py bench) ---")
-    print(report)
+    print(
+        f"{args.num_prompts} prompts of {args.input_len} tokens, {args.output_len} out, concurrency "
+        f"{args.max_concurrency}; each variant in its own process, {args.rounds} interleaved round(s)"
+    )
+    print("| variant | " + " | ".join(c[0] for c in COLUMNS) + " | load avg |")
+    print("|---" * (len(COLUMNS) + 2) + "|")
+    base = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--child"]
+    for _ in range(args.rounds):
+        for variant in args.variants:
+            command = [sys.executable, "-m", "backend.bench.served_steps", *base, "--child", variant]
+            done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+            lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+            if not lines:
+                print(f"| {variant} | failed: {done.stderr.strip()[-300:]} |")
+                continue
+            print(row(variant, json.loads(lines[-1][7:]), os.getloadavg()[0]), flush=True)
     return 0
 
 
