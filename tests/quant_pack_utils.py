@@ -4,7 +4,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
+
+from backend.engine import cpu_kernels
+
+NATIVE = cpu_kernels.supports(torch.device("cpu"), torch.float32)  # the engine runs its CPU kernels
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """cpu_kernels.<name> wrapped to count its calls: [count], updated as the engine calls it."""
+    calls, kernel = [0], getattr(cpu_kernels, name)
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(cpu_kernels, name, counted)
+    return calls
 
 
 def tiny_dense_model(folder: Path) -> str:

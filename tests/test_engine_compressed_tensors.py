@@ -10,9 +10,10 @@ import torch
 from backend.bench.quant_checkpoints import write_compressed_tensors
 from backend.engine import LLM, SamplingParams
 from backend.engine.quantization.quantized_linear import QuantizedLinear
+from backend.engine.quantization.row_packed import RowPacked
 from tests.common_utils import ROOT
 from tests.engine_utils import assert_engine_clean, hf_greedy, prompts
-from tests.quant_pack_utils import tiny_dense_model
+from tests.quant_pack_utils import NATIVE, count_calls, tiny_dense_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 INT = dict(format="pack-quantized", type="int")
@@ -34,8 +35,9 @@ def dense_folder(tmp_path_factory) -> str:
 
 @pytest.mark.parametrize("name", SPECS)
 def test_checkpoint_by_compressed_tensors_runs_as_stored_and_matches_its_decompressed_weights(
-    name, dense_folder, tmp_path
+    name, dense_folder, tmp_path, monkeypatch
 ):
+    calls = count_calls(monkeypatch, "packed_gemv")
     from transformers import AutoModelForCausalLM
 
     python = ROOT / ".venv-vllm" / "bin" / "python"
@@ -48,8 +50,12 @@ def test_checkpoint_by_compressed_tensors_runs_as_stored_and_matches_its_decompr
     assert llm.stats().quantization.startswith(f"compressed-tensors {spec['format']}")
     layers = [m for m in llm.llm_engine.runner.model.modules() if isinstance(m, QuantizedLinear)]
     assert len(layers) == 2 * 4
+    kind = "fp8" if spec["format"] == "float-quantized" else f"w{spec['num_bits']}"
+    assert all(isinstance(p, RowPacked) and p.kind == kind for m in layers for p in m.parts)
+    assert all(m.has_gemv and m.use_kernel == NATIVE for m in layers)
     batch = prompts(lengths=(1, 9, 17, 40), seed=6)
     outs = llm.generate(batch, SamplingParams(temperature=0.0, max_tokens=TOKENS))
     for prompt, out in zip(batch, outs, strict=True):
         assert out.outputs[0].token_ids == hf_greedy(reference, prompt, TOKENS)
     assert_engine_clean(llm)
+    assert (calls[0] > 0) == NATIVE  # decode steps went through the packed_rows GEMV kernel

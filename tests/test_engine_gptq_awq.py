@@ -15,15 +15,14 @@ from backend.bench.quant_checkpoints import (
     Scheme,
     pack_columns,
     pack_rows,
-    packed_tensors,
     write_checkpoint,
 )
-from backend.engine import LLM, SamplingParams, cpu_kernels
-from backend.engine.quantization.gptq_awq import PACKED_SUFFIXES, PackedWeight
+from backend.engine import LLM, SamplingParams
 from backend.engine.quantization.quantized_linear import QuantizedLinear
+from backend.engine.quantization.row_packed import RowPacked
 from tests.common_utils import ROOT
 from tests.engine_utils import assert_engine_clean, hf_greedy, prompts
-from tests.quant_pack_utils import tiny_dense_model
+from tests.quant_pack_utils import NATIVE, count_calls, tiny_dense_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SCHEMES = [
@@ -45,21 +44,28 @@ def dense_folder(tmp_path_factory) -> str:
 
 @pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.name)
 def test_checkpoint_runs_as_stored_and_matches_transformers_on_its_dequantized_weights(
-    scheme, dense_folder, tmp_path
+    scheme, dense_folder, tmp_path, monkeypatch
 ):
+    calls = count_calls(monkeypatch, "packed_gemv")
     reference = write_checkpoint(dense_folder, tmp_path / scheme.name, scheme)
     batch = prompts(lengths=(1, 9, 17, 40), seed=5)
     params = SamplingParams(temperature=0.0, max_tokens=TOKENS)
     llm = LLM(str(tmp_path / scheme.name), dtype="float32", device="cpu", max_num_batched_tokens=32)
     layers = [m for m in llm.llm_engine.runner.model.modules() if isinstance(m, QuantizedLinear)]
     assert len(layers) == 2 * 4  # qkv, o, gate_up, down in each of 2 layers
-    assert all(isinstance(p, PackedWeight) and p.bits == scheme.bits for m in layers for p in m.parts)
-    assert all(m.has_gemv is (scheme.method == "gptq") for m in layers)  # GPTQ decodes use the kernel
+    kind = f"w{scheme.bits}"  # re-laid out for the packed_rows kernels, which decoding uses
+    assert all(
+        isinstance(p, RowPacked) and (p.source, p.kind) == (scheme.method, kind)
+        for m in layers
+        for p in m.parts
+    )
+    assert all(m.has_gemv and m.use_kernel == NATIVE for m in layers)
     assert llm.stats().quantization.startswith(scheme.method)
     outs = llm.generate(batch, params)
     for prompt, out in zip(batch, outs, strict=True):
         assert out.outputs[0].token_ids == hf_greedy(reference, prompt, TOKENS)
     assert_engine_clean(llm)
+    assert (calls[0] > 0) == NATIVE
     dense = LLM(str(tmp_path / scheme.name), dtype="float32", device="cpu", dequantize_weights=True)
     assert dense.stats().quantization is None
     assert dense.stats().weights_bytes > llm.stats().weights_bytes
@@ -81,24 +87,6 @@ def test_planner_counts_the_bytes_the_engine_holds(scheme, dense_folder, tmp_pat
     )
     assert not any("dequantizes" in w for w in plan.warnings)
     assert plan.weights_bytes == pytest.approx(stats.weights_bytes, rel=1e-3)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("scheme", [SCHEMES[1], SCHEMES[3]], ids=lambda s: s.name)
-def test_gptq_kernel_matches_the_pytorch_dequantization(scheme, dtype):
-    gen = torch.Generator().manual_seed(3)
-    n, k = 72, 128  # n not a multiple of the kernel's 16-column block
-    w = torch.randn(n, k, generator=gen)
-    tensors, _ = packed_tensors("p", w, scheme, seed=1)
-    part = PackedWeight("gptq", scheme.bits, *(tensors[f"p.{s}"] for s in PACKED_SUFFIXES), (n, k))
-    assert part.has_kernel
-    x = torch.randn(3, k, generator=gen).to(dtype)
-    bias = torch.randn(n, generator=gen).to(dtype)
-    out = torch.empty(3, n + 5, dtype=dtype)  # a wider row: the kernel writes columns 0..n-1 only
-    cpu_kernels.gptq_gemv(x, part, bias, out[:, :n])
-    expected = x.float() @ part.dequantize_rows(0, n).t() + bias.float()
-    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(out[:, :n].float(), expected, atol=tolerance, rtol=tolerance)
 
 
 def test_unsupported_quantization_is_refused_with_what_runs(dense_folder, tmp_path):

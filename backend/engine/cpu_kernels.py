@@ -30,7 +30,7 @@ import torch
 
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "paged_attention.cpp", CSRC / "layers.cpp", CSRC / "quantized.cpp", CSRC / "gptq.cpp"]
+SOURCES = [CSRC / name for name in ("paged_attention.cpp", "layers.cpp", "quantized.cpp", "packed_rows.cpp")]
 FLAGS = ["-O3", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 BUILD_TIMEOUT_S = 300  # a cold build takes seconds; a hung compiler must not hang the engine's start
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -46,10 +46,13 @@ SIGNATURES = {
 }
 QUANT_TYPES = ("q4_0", "q4_1", "q8_0", "q4_k", "q6_k")  # csrc/quantized.cpp
 QUANT_SIGNATURES = {"quant_gemv": [PTR] * 4 + [INT] * 4, "quant_dequant": [PTR, PTR, INT, INT]}
-QUANT_GEMV_MAX_ROWS = 8  # csrc/quantized.cpp MAX_ROWS (and csrc/gptq.cpp's)
+QUANT_GEMV_MAX_ROWS = 8  # csrc/quantized.cpp MAX_ROWS (and csrc/packed_rows.cpp's)
 QUANT_GEMM_TYPES = ("q4_0", "q4_1", "q8_0")  # quant_gemm: bf16 activations, builds with AVX512_BF16
-GPTQ_SIGNATURE = [PTR] * 7 + [INT] * 5
-GPTQ_BITS = (4, 8)
+PACKED_KINDS = ("w4", "w8", "fp8")  # csrc/packed_rows.cpp: GPTQ / AWQ / compressed-tensors ints, fp8
+PACKED_SIGNATURES = {
+    "packed_gemv": [PTR] * 7 + [INT, INT, PTR],
+    "packed_dequant": [PTR] * 5 + [INT, INT, PTR],
+}
 
 
 def cache_dir() -> Path:
@@ -159,10 +162,11 @@ def _open(path: Path) -> ctypes.CDLL:
                 for suffix in SUFFIX.values():
                     getattr(library, f"{name}_{qtype}_{suffix}").argtypes = argtypes
                     getattr(library, f"{name}_{qtype}_{suffix}").restype = None
-        for bits in GPTQ_BITS:
-            for suffix in SUFFIX.values():
-                getattr(library, f"gptq_gemv_w{bits}_{suffix}").argtypes = GPTQ_SIGNATURE
-                getattr(library, f"gptq_gemv_w{bits}_{suffix}").restype = None
+        for name, argtypes in PACKED_SIGNATURES.items():
+            for kind in PACKED_KINDS:
+                for suffix in SUFFIX.values():
+                    getattr(library, f"{name}_{kind}_{suffix}").argtypes = argtypes
+                    getattr(library, f"{name}_{kind}_{suffix}").restype = None
         library.quant_vector_width.restype = ctypes.c_int
         library.quant_gemm_max_rows.restype = ctypes.c_int
         if library.quant_gemm_max_rows():
@@ -373,25 +377,42 @@ def quant_dequant(data: torch.Tensor, qtype: str, out: torch.Tensor) -> torch.Te
     return out
 
 
-def gptq_gemv(
+def _pointer(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None or not tensor.numel() else tensor.data_ptr()
+
+
+def packed_gemv(
     x: torch.Tensor,  # [rows, k], rows <= QUANT_GEMV_MAX_ROWS, contiguous
-    part,  # gptq_awq.PackedWeight: method "gptq", 4 or 8 bits, fp16 scales, int32 g_idx (gptq_eligible)
+    part,  # row_packed.RowPacked
     bias: torch.Tensor | None,  # [n], x's dtype
     out: torch.Tensor,  # [rows, >= n] view of a contiguous [rows, ldy] tensor: columns 0..n-1 written
 ) -> None:
     assert x.is_contiguous() and x.shape[0] <= QUANT_GEMV_MAX_ROWS and out.stride(1) == 1
-    n, k = part.shape
-    getattr(load_library(), f"gptq_gemv_w{part.bits}_{SUFFIX[x.dtype]}")(
+    getattr(load_library(), f"packed_gemv_{part.kind}_{SUFFIX[x.dtype]}")(
         x.data_ptr(),
         part.qweight.data_ptr(),
-        part.qzeros.data_ptr(),
         part.scales.data_ptr(),
-        part.g_idx.data_ptr(),
-        None if bias is None else bias.data_ptr(),
+        _pointer(part.zeros),
+        _pointer(part.perm),
+        _pointer(bias),
         out.data_ptr(),
         x.shape[0],
-        n,
-        k,
-        part.scales.shape[0],
         out.stride(0),
+        ctypes.addressof(part.layout),
     )
+
+
+def packed_dequant(part, first: int, last: int, out: torch.Tensor) -> torch.Tensor:
+    """Rows first..last-1 of a row_packed.RowPacked decoded into out [last - first, k] (contiguous)."""
+    assert out.is_contiguous() and out.shape == (last - first, part.shape[1])
+    getattr(load_library(), f"packed_dequant_{part.kind}_{SUFFIX[out.dtype]}")(
+        part.qweight.data_ptr(),
+        part.scales.data_ptr(),
+        _pointer(part.zeros),
+        _pointer(part.perm),
+        out.data_ptr(),
+        first,
+        last,
+        ctypes.addressof(part.layout),
+    )
+    return out

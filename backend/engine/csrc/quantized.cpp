@@ -24,16 +24,9 @@
 #include <immintrin.h>
 #endif
 
+#include "quant_vec.h"
+
 #if defined(__AVX512F__)
-#include <immintrin.h>
-#define VEC_WIDTH 16
-using Vec = __m512;
-inline Vec vzero() { return _mm512_setzero_ps(); }
-inline Vec vload(const float *p) { return _mm512_loadu_ps(p); }
-inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline float vsum(Vec a) { return _mm512_reduce_add_ps(a); }
-inline Vec vset(float x) { return _mm512_set1_ps(x); }
-inline void vstore(float *p, Vec a) { _mm512_storeu_ps(p, a); }
 inline Vec vnibbles(const uint8_t *p, int shift) {  // 16 bytes -> their low (shift 0) or high nibbles
     const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
     return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(z, shift), _mm512_set1_epi32(15)));
@@ -42,19 +35,6 @@ inline Vec vint8(const int8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))));
 }
 #elif defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define VEC_WIDTH 8
-using Vec = __m256;
-inline Vec vzero() { return _mm256_setzero_ps(); }
-inline Vec vload(const float *p) { return _mm256_loadu_ps(p); }
-inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline float vsum(Vec a) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
-}
-inline Vec vset(float x) { return _mm256_set1_ps(x); }
-inline void vstore(float *p, Vec a) { _mm256_storeu_ps(p, a); }
 inline Vec vnibbles(const uint8_t *p, int shift) {  // 8 bytes -> their low (shift 0) or high nibbles
     const __m256i z = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p)));
     return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(z, shift), _mm256_set1_epi32(15)));
@@ -63,14 +43,6 @@ inline Vec vint8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p))));
 }
 #else
-#define VEC_WIDTH 1
-using Vec = float;
-inline Vec vzero() { return 0.0f; }
-inline Vec vload(const float *p) { return *p; }
-inline Vec vfma(Vec a, Vec b, Vec c) { return a * b + c; }
-inline float vsum(Vec a) { return a; }
-inline Vec vset(float x) { return x; }
-inline void vstore(float *p, Vec a) { *p = a; }
 inline Vec vnibbles(const uint8_t *p, int shift) { return float((*p >> shift) & 15); }
 inline Vec vint8(const int8_t *p) { return float(*p); }
 #endif

@@ -45,17 +45,6 @@ class PackedWeight:
         """Output rows come in packs of this many: tiles start at multiples of it."""
         return 32 // self.bits
 
-    @property
-    def has_kernel(self) -> bool:
-        """Whether cpu_kernels.gptq_gemv serves it (the checkpoint's own GPTQ dtypes, contiguous)."""
-        return (
-            self.method == "gptq"
-            and self.bits in (4, 8)
-            and self.scales.dtype == torch.float16
-            and self.g_idx.dtype == torch.int32
-            and all(t.is_contiguous() for t in self.tensors())
-        )
-
     def tensors(self) -> list[torch.Tensor]:
         """The checkpoint's tensors (what the layer holds as buffers and weights_bytes counts)."""
         return [self.qweight, self.qzeros, self.scales] + ([self.g_idx] if self.g_idx_stored else [])

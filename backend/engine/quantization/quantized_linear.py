@@ -1,17 +1,17 @@
 """Layers over quantized weights (install.py puts them into a model in place of its dense ones): GGUF
 blocks, GPTQ / AWQ / compressed-tensors packed integers (gptq_awq.PackedWeight) and fp8 weights
-(compressed_tensors.Fp8Weight). Small batches of GGUF and GPTQ layers use the fused decode + GEMV kernels;
-AWQ, compressed-tensors and fp8 are decoded per tile in PyTorch.
+(compressed_tensors.Fp8Weight); on the CPU the last two are re-laid out at load (row_packed.RowPacked, the
+same bytes) for the packed_rows kernels. Small batches use the fused decode + GEMV kernels.
 
 QuantizedLinear computes x @ W^T from W's blocks: batches of up to cpu_kernels.QUANT_GEMV_MAX_ROWS rows go
 through the fused decode + matrix-vector kernel (each block read once, decoded in cache); in bf16, where
 the kernels' build has AVX512_BF16, Q4_0 / Q4_1 / Q8_0 layers take batches of up to
 cpu_kernels.quant_gemm_max_rows() rows through the fused quant_gemm (the same function: the weights'
 integers times bf16 x, summed in fp32, then scaled per block); larger batches decode W a tile of rows at a
-time into a scratch buffer shared by all layers and multiply the tile with torch's GEMM (in bf16, the
-weights rounded to bf16). Without the kernels (CUDA, PLAYGROUND_CPU_KERNELS=0, no compiler) tiles are
-decoded by gguf_blocks in PyTorch. A fused projection (q/k/v, gate/up) holds one part per checkpoint
-tensor, so parts of different types (Q4_K q with Q6_K v) stay as they are.
+time into a scratch buffer shared by all layers (natively) and multiply the tile with torch's GEMM (in bf16,
+the weights rounded to bf16). Without the kernels (CUDA, PLAYGROUND_CPU_KERNELS=0, no compiler) tiles are
+decoded in PyTorch (gguf_blocks, the parts' dequantize_rows). A fused projection (q/k/v, gate/up) holds
+one part per checkpoint tensor, so parts of different types (Q4_K q with Q6_K v) stay as they are.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from backend.engine.quantization.compressed_tensors import Fp8Weight
 from backend.engine.quantization.gguf_blocks import dequantize
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.gptq_awq import PackedWeight
+from backend.engine.quantization.row_packed import RowPacked, relayout
 
-Part = QuantizedWeight | PackedWeight | Fp8Weight
+Part = QuantizedWeight | PackedWeight | Fp8Weight | RowPacked
 TILE_WEIGHTS = 1 << 20  # weights decoded per GEMM call: 2-4 MB, about an L2 cache
 
 
@@ -52,6 +53,8 @@ def decode_blocks(data: torch.Tensor, qtype: str, out: torch.Tensor, use_kernel:
 
 def decode_rows(part: Part, first: int, last: int, out: torch.Tensor, use_kernel: bool) -> torch.Tensor:
     """Rows first..last-1 of part decoded into out [last - first, k]."""
+    if isinstance(part, RowPacked) and use_kernel:
+        return cpu_kernels.packed_dequant(part, first, last, out)
     if not isinstance(part, QuantizedWeight):
         return out.copy_(part.dequantize_rows(first, last))
     return decode_blocks(part.data[first:last], part.qtype, out, use_kernel)
@@ -89,10 +92,9 @@ class QuantizedLinear(nn.Module):
     def __init__(self, parts: list[Part], bias: bool, scratch: Scratch, dtype: torch.dtype) -> None:
         super().__init__()
         assert len({p.shape[1] for p in parts}) == 1, "fused parts share the input size"
+        parts = [relayout(p) for p in parts]  # packed ints and fp8 on the CPU: the kernels' row layout
         self.parts = merge_same_type(parts)
-        self.has_gemv = all(  # fused decode + GEMV kernels: GGUF blocks and GPTQ
-            isinstance(p, QuantizedWeight) or (isinstance(p, PackedWeight) and p.has_kernel) for p in parts
-        )
+        self.has_gemv = all(isinstance(p, QuantizedWeight | RowPacked) for p in parts)  # fused kernels
         tensors = [t for part in parts for t in part_tensors(part)]
         for i, tensor in enumerate(tensors):
             self.register_buffer(f"qweight_{i}", tensor)  # counted by weights_bytes, moved by .to()
@@ -134,7 +136,7 @@ class QuantizedLinear(nn.Module):
             if isinstance(part, QuantizedWeight):
                 kernel(x, part.data, part.qtype, bias, out[:, start:stop])
             else:
-                cpu_kernels.gptq_gemv(x, part, bias, out[:, start:stop])
+                cpu_kernels.packed_gemv(x, part, bias, out[:, start:stop])
             start = stop
         return out
 

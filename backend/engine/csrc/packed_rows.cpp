@@ -1,0 +1,174 @@
+// Packed-integer (GPTQ, AWQ, compressed-tensors pack-quantized W4A16 / W8A16) and fp8 (e4m3) weights on the
+// CPU, in the row layout backend/engine/quantization/row_packed.py re-lays every such checkpoint into at
+// load (the same bytes): output row j holds its k weights in 32-weight chunks, 4-bit as 16 bytes (byte i:
+// weight i in the low nibble, weight i + 16 in the high one, ggml's order), 8-bit and fp8 as 32 bytes.
+// W[j, i] = s(j, g) * (q[j, i] - z(j, g)) with g = i / group_size (fp8: q the e4m3 value, z = 0), s read
+// from the checkpoint's scales and z from its packed zeros (or a constant) through PackedLayout's strides;
+// input columns may be permuted (act-order: x[perm[i]] meets the weight stored at i). A chunk's weights are
+// decoded to fp32 exactly as the PyTorch reference computes them ((q - z) in integers, times s once), so
+// only the order of the fp32 sums differs from a product with the dequantized weights.
+//   packed_gemv_*:    y [rows, n] (row stride ldy) = x [rows, k] @ W^T (+ bias) for 1..MAX_ROWS rows, each
+//                     chunk decoded once and multiplied into every row (the decode hot path)
+//   packed_dequant_*: rows first..last-1 of W into out [last - first, k] (tiles for torch's GEMM)
+// Vectors are AVX-512, AVX2+FMA or plain C++ by the build's -march (quant_vec.h). Built and loaded by
+// backend/engine/cpu_kernels.py.
+#include <cstdint>
+#include <vector>
+
+#include "dtypes.h"
+#include "quant_vec.h"
+
+struct PackedLayout {  // row_packed.py's Layout (a ctypes Structure) mirrors it field by field
+    int64_t n, k, group_size;                        // k and group_size multiples of 32
+    int64_t scale_row, scale_group, scale_dtype;     // s(j, g) = scales[j * scale_row + g * scale_group]
+    int64_t zero_pack, zero_group, zero_add, zero_const;  // z(j, g): see zero_at
+};
+
+namespace {
+
+constexpr int MAX_ROWS = 8;
+constexpr int CHUNK = 32;
+constexpr int LANES = CHUNK / VEC_WIDTH;
+enum ScaleType { FP16 = 0, BF16 = 1, FP32 = 2 };
+
+inline float scale_at(const void *scales, int64_t i, int64_t type) {
+    if (type == FP16) return half_to_float(static_cast<const uint16_t *>(scales)[i]);
+    if (type == BF16) return to_float(static_cast<const BFloat16 *>(scales)[i]);
+    return static_cast<const float *>(scales)[i];
+}
+
+// z(j, g): BITS-bit fields packed along output rows, 32 / BITS per int32 (field j % f of
+// zeros[(j / f) * zero_pack + g * zero_group]), plus zero_add (GPTQ stores zero - 1); zero_const without zeros
+template <int BITS>
+inline int32_t zero_at(const int32_t *zeros, const PackedLayout &l, int64_t j, int64_t g) {
+    if (zeros == nullptr) return int32_t(l.zero_const);
+    constexpr int F = 32 / BITS;
+    const uint32_t packed = uint32_t(zeros[(j / F) * l.zero_pack + g * l.zero_group]);
+    return int32_t((packed >> (BITS * (j % F))) & ((1u << BITS) - 1)) + int32_t(l.zero_add);
+}
+
+struct W4 {
+    static constexpr int BITS = 4, BYTES = 16;  // bytes per 32-weight chunk
+    static void decode(const uint8_t *b, int32_t z, float s, float *w) {
+#pragma omp simd
+        for (int i = 0; i < 16; i++) {
+            w[i] = float(int32_t(b[i] & 15) - z) * s;
+            w[i + 16] = float(int32_t(b[i] >> 4) - z) * s;
+        }
+    }
+};
+
+struct W8 {
+    static constexpr int BITS = 8, BYTES = 32;
+    static void decode(const uint8_t *b, int32_t z, float s, float *w) {
+#pragma omp simd
+        for (int i = 0; i < 32; i++) w[i] = float(int32_t(b[i]) - z) * s;
+    }
+};
+
+struct FP8 {  // e4m3 (torch.float8_e4m3fn): every code exact in fp32 (dtypes.h), then times s
+    static constexpr int BITS = 8, BYTES = 32;
+    static void decode(const uint8_t *b, int32_t, float s, float *w) {
+#pragma omp simd
+        for (int i = 0; i < 32; i++) w[i] = fp8_to_float<3, 7>(b[i]) * s;
+    }
+};
+
+template <typename D, int R, typename T>
+void gemv_rows(const float *x, const uint8_t *q, const void *scales, const int32_t *zeros, const T *bias, T *y,
+               int64_t ldy, const PackedLayout &l) {
+    const int64_t k = l.k, row_bytes = k / CHUNK * D::BYTES, groups = k / l.group_size;
+    const int64_t per_group = l.group_size / CHUNK;
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < l.n; j++) {
+        Vec acc[R][LANES];
+        for (int r = 0; r < R; r++)
+            for (int v = 0; v < LANES; v++) acc[r][v] = vzero();
+        const uint8_t *row = q + j * row_bytes;
+        for (int64_t g = 0; g < groups; g++) {
+            const float s = scale_at(scales, j * l.scale_row + g * l.scale_group, l.scale_dtype);
+            const int32_t z = zero_at<D::BITS>(zeros, l, j, g);
+            for (int64_t c = g * per_group; c < (g + 1) * per_group; c++) {
+                alignas(64) float w[CHUNK];
+                D::decode(row + c * D::BYTES, z, s, w);
+                Vec wv[LANES];
+                for (int v = 0; v < LANES; v++) wv[v] = vload(w + v * VEC_WIDTH);
+                for (int r = 0; r < R; r++) {
+                    const float *xr = x + r * k + c * CHUNK;
+                    for (int v = 0; v < LANES; v++) acc[r][v] = vfma(wv[v], vload(xr + v * VEC_WIDTH), acc[r][v]);
+                }
+            }
+        }
+        const float extra = bias ? to_float(bias[j]) : 0.0f;
+        for (int r = 0; r < R; r++) {
+            float sum = 0.0f;
+            for (int v = 0; v < LANES; v++) sum += vsum(acc[r][v]);
+            store(y[r * ldy + j], sum + extra);
+        }
+    }
+}
+
+template <typename D, typename T>
+void gemv(const T *x, const uint8_t *q, const void *scales, const int32_t *zeros, const int32_t *perm,
+          const T *bias, T *y, int64_t rows, int64_t ldy, const PackedLayout &l) {
+    const int64_t k = l.k;
+    std::vector<float> xf(rows * k);  // in fp32, columns in the weights' (permuted) order
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < k; i++) xf[r * k + i] = to_float(x[r * k + (perm ? perm[i] : i)]);
+    const float *xp = xf.data();
+    switch (rows) {
+        case 1: return gemv_rows<D, 1>(xp, q, scales, zeros, bias, y, ldy, l);
+        case 2: return gemv_rows<D, 2>(xp, q, scales, zeros, bias, y, ldy, l);
+        case 3: return gemv_rows<D, 3>(xp, q, scales, zeros, bias, y, ldy, l);
+        case 4: return gemv_rows<D, 4>(xp, q, scales, zeros, bias, y, ldy, l);
+        case 5: return gemv_rows<D, 5>(xp, q, scales, zeros, bias, y, ldy, l);
+        case 6: return gemv_rows<D, 6>(xp, q, scales, zeros, bias, y, ldy, l);
+        case 7: return gemv_rows<D, 7>(xp, q, scales, zeros, bias, y, ldy, l);
+        default: return gemv_rows<D, MAX_ROWS>(xp, q, scales, zeros, bias, y, ldy, l);
+    }
+}
+
+template <typename D, typename T>
+void dequant(const uint8_t *q, const void *scales, const int32_t *zeros, const int32_t *perm, T *out,
+             int64_t first, int64_t last, const PackedLayout &l) {
+    const int64_t k = l.k, row_bytes = k / CHUNK * D::BYTES, groups = k / l.group_size;
+    const int64_t per_group = l.group_size / CHUNK;
+#pragma omp parallel for schedule(static) if (last - first > 1)
+    for (int64_t j = first; j < last; j++) {
+        T *o = out + (j - first) * k;
+        for (int64_t g = 0; g < groups; g++) {
+            const float s = scale_at(scales, j * l.scale_row + g * l.scale_group, l.scale_dtype);
+            const int32_t z = zero_at<D::BITS>(zeros, l, j, g);
+            for (int64_t c = g * per_group; c < (g + 1) * per_group; c++) {
+                alignas(64) float w[CHUNK];
+                D::decode(q + j * row_bytes + c * D::BYTES, z, s, w);
+                if (perm == nullptr) {
+                    for (int i = 0; i < CHUNK; i++) store(o[c * CHUNK + i], w[i]);
+                } else {
+                    for (int i = 0; i < CHUNK; i++) store(o[perm[c * CHUNK + i]], w[i]);
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+
+#define EXPORT(D, NAME, T, SUFFIX)                                                                             \
+    extern "C" void packed_gemv_##NAME##_##SUFFIX(const T *x, const uint8_t *q, const void *scales,           \
+                                                  const int32_t *zeros, const int32_t *perm, const T *bias,   \
+                                                  T *y, int64_t rows, int64_t ldy, const PackedLayout *l) {   \
+        gemv<D>(x, q, scales, zeros, perm, bias, y, rows, ldy, *l);                                           \
+    }                                                                                                         \
+    extern "C" void packed_dequant_##NAME##_##SUFFIX(const uint8_t *q, const void *scales,                    \
+                                                     const int32_t *zeros, const int32_t *perm, T *out,       \
+                                                     int64_t first, int64_t last, const PackedLayout *l) {    \
+        dequant<D>(q, scales, zeros, perm, out, first, last, *l);                                             \
+    }
+#define EXPORT_KIND(D, NAME) \
+    EXPORT(D, NAME, float, f32) \
+    EXPORT(D, NAME, BFloat16, bf16)
+
+EXPORT_KIND(W4, w4)
+EXPORT_KIND(W8, w8)
+EXPORT_KIND(FP8, fp8)
