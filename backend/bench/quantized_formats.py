@@ -70,6 +70,23 @@ def batch_rates(engines: dict, prompts: list[list[int]], tokens: int, repeats: i
     return {name: len(prompts) * tokens / statistics.median(times) for name, times in seconds.items()}
 
 
+def tile_engines(paths: dict[str, str], batch: int) -> dict:
+    """The packed-int and fp8 formats again, their quantized layers on the PyTorch tile path."""
+    from backend.engine import LLM
+    from backend.engine.quantization.quantized_linear import QuantizedLinear
+
+    engines = {}
+    for name, path in paths.items():
+        if name.startswith(("dense", "gguf")):
+            continue
+        llm = LLM(path, device="cpu", max_num_seqs=batch)
+        for module in llm.llm_engine.runner.model.modules():
+            if isinstance(module, QuantizedLinear):
+                module.use_kernel = False
+        engines[f"{name} (PyTorch tiles)"] = llm
+    return engines
+
+
 def main(argv: list[str] | None = None) -> None:
     from backend.engine import LLM, cpu_kernels
 
@@ -80,6 +97,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--only", default="", help="comma list of format-name prefixes (dense bf16 always runs)"
     )
+    parser.add_argument(
+        "--pytorch-tiles",
+        action="store_true",
+        help="also run each packed-int / fp8 format with its layers on the PyTorch tile path (no kernel)",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="quantized-formats-") as tmp:
         paths = checkpoints(Path(tmp))
@@ -88,6 +110,8 @@ def main(argv: list[str] | None = None) -> None:
             n: p for n, p in paths.items() if n == "dense bf16" or not wanted or n.startswith(tuple(wanted))
         }
         engines = {name: LLM(path, device="cpu", max_num_seqs=args.batch) for name, path in paths.items()}
+        if args.pytorch_tiles:
+            engines |= tile_engines(paths, args.batch)
         prompt = engines["dense bf16"].tokenizer.encode("The capital of France is")
         batch = [[*prompt, i + 10] for i in range(args.batch)]
         single = decode_rates(engines, prompt, args.tokens, args.repeats)

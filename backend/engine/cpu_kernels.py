@@ -168,6 +168,7 @@ def _open(path: Path) -> ctypes.CDLL:
                     getattr(library, f"{name}_{kind}_{suffix}").argtypes = argtypes
                     getattr(library, f"{name}_{kind}_{suffix}").restype = None
         library.quant_vector_width.restype = ctypes.c_int
+        library.packed_bf16_dot.restype = ctypes.c_int
         library.quant_gemm_max_rows.restype = ctypes.c_int
         if library.quant_gemm_max_rows():
             for qtype in QUANT_GEMM_TYPES:
@@ -188,6 +189,8 @@ def build_flags() -> str:
     width = {16: "AVX-512", 8: "AVX2+FMA", 1: "scalar"}[library.quant_vector_width()]
     if library.quant_gemm_max_rows():
         width += " (bf16 dot products)"
+    if library.packed_bf16_dot():  # csrc/packed_rows.cpp: 4-bit GPTQ / AWQ / compressed-tensors in bf16
+        width += "; packed 4-bit: bf16 dot products"
     return f"quantized kernels: {width}; cpu flags: {' '.join(f for f in wanted if f in present)}"
 
 

@@ -10,9 +10,13 @@
 //   packed_gemv_*:    y [rows, n] (row stride ldy) = x [rows, k] @ W^T (+ bias) for 1..MAX_ROWS rows, each
 //                     chunk decoded once and multiplied into every row (the decode hot path)
 //   packed_dequant_*: rows first..last-1 of W into out [last - first, k] (tiles for torch's GEMM)
-// Vectors are AVX-512, AVX2+FMA or plain C++ by the build's -march (quant_vec.h). Built and loaded by
-// backend/engine/cpu_kernels.py.
+// Vectors are AVX-512, AVX2+FMA or plain C++ by the build's -march (quant_vec.h). Where the build has
+// AVX512_BF16, 4-bit weights times bf16 x run on the bf16 dot-product instruction (VDPBF16PS) instead: per
+// group a 16-entry table of the exact bf16 integers q - z (VPERMW looks each nibble up), the products
+// (q - z) x exact in fp32, summed in fp32 and scaled by s once per group (as the GGUF kernels do in
+// quantized_bf16.h). Built and loaded by backend/engine/cpu_kernels.py.
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "dtypes.h"
@@ -108,9 +112,72 @@ void gemv_rows(const float *x, const uint8_t *q, const void *scales, const int32
     }
 }
 
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define PACKED_BF16_DOT 1
+// y = x @ W^T for 4-bit W and bf16 x (x's columns already in the weights' order)
+template <int R>
+void gemv_w4_bf16(const BFloat16 *x, const uint8_t *q, const void *scales, const int32_t *zeros,
+                  const BFloat16 *bias, BFloat16 *y, int64_t ldy, const PackedLayout &l) {
+    const int64_t k = l.k, row_bytes = k / 2, groups = k / l.group_size, per_group = l.group_size / CHUNK;
+    const __m512i shifts = _mm512_set_epi16(4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0,
+                                            0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i low = _mm512_set1_epi16(15);
+    const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < l.n; j++) {
+        __m512 acc[R];
+        for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+        const uint8_t *row = q + j * row_bytes;
+        for (int64_t g = 0; g < groups; g++) {
+            const float s = scale_at(scales, j * l.scale_row + g * l.scale_group, l.scale_dtype);
+            const __m512 values = _mm512_sub_ps(iota, _mm512_set1_ps(float(zero_at<4>(zeros, l, j, g))));
+            const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(values, values);  // entry i: bf16(i - z), exact
+            __m512 part[R];
+            for (int r = 0; r < R; r++) part[r] = _mm512_setzero_ps();
+            for (int64_t c = g * per_group; c < (g + 1) * per_group; c++) {
+                const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i *>(row + c * 16));
+                const __m512i words = _mm512_srlv_epi16(_mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(bytes)), shifts);
+                const __m512bh w = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(words, low), table);
+                for (int r = 0; r < R; r++)
+                    part[r] = _mm512_dpbf16_ps(part[r], w, (__m512bh)_mm512_loadu_si512(x + r * k + c * CHUNK));
+            }
+            for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(s), part[r], acc[r]);
+        }
+        const float extra = bias ? to_float(bias[j]) : 0.0f;
+        for (int r = 0; r < R; r++) store(y[r * ldy + j], _mm512_reduce_add_ps(acc[r]) + extra);
+    }
+}
+
+void gemv_w4_bf16(const BFloat16 *x, const uint8_t *q, const void *scales, const int32_t *zeros,
+                  const int32_t *perm, const BFloat16 *bias, BFloat16 *y, int64_t rows, int64_t ldy,
+                  const PackedLayout &l) {
+    std::vector<BFloat16> xp;
+    if (perm) {  // x's columns in the weights' order
+        xp.resize(rows * l.k);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < l.k; i++) xp[r * l.k + i] = x[r * l.k + perm[i]];
+        x = xp.data();
+    }
+    switch (rows) {
+        case 1: return gemv_w4_bf16<1>(x, q, scales, zeros, bias, y, ldy, l);
+        case 2: return gemv_w4_bf16<2>(x, q, scales, zeros, bias, y, ldy, l);
+        case 3: return gemv_w4_bf16<3>(x, q, scales, zeros, bias, y, ldy, l);
+        case 4: return gemv_w4_bf16<4>(x, q, scales, zeros, bias, y, ldy, l);
+        case 5: return gemv_w4_bf16<5>(x, q, scales, zeros, bias, y, ldy, l);
+        case 6: return gemv_w4_bf16<6>(x, q, scales, zeros, bias, y, ldy, l);
+        case 7: return gemv_w4_bf16<7>(x, q, scales, zeros, bias, y, ldy, l);
+        default: return gemv_w4_bf16<MAX_ROWS>(x, q, scales, zeros, bias, y, ldy, l);
+    }
+}
+#endif
+
 template <typename D, typename T>
 void gemv(const T *x, const uint8_t *q, const void *scales, const int32_t *zeros, const int32_t *perm,
           const T *bias, T *y, int64_t rows, int64_t ldy, const PackedLayout &l) {
+#if defined(PACKED_BF16_DOT)
+    if constexpr (std::is_same_v<D, W4> && std::is_same_v<T, BFloat16>)
+        return gemv_w4_bf16(x, q, scales, zeros, perm, bias, y, rows, ldy, l);
+#endif
     const int64_t k = l.k;
     std::vector<float> xf(rows * k);  // in fp32, columns in the weights' (permuted) order
     for (int64_t r = 0; r < rows; r++)
@@ -172,3 +239,9 @@ void dequant(const uint8_t *q, const void *scales, const int32_t *zeros, const i
 EXPORT_KIND(W4, w4)
 EXPORT_KIND(W8, w8)
 EXPORT_KIND(FP8, fp8)
+
+#if defined(PACKED_BF16_DOT)
+extern "C" int packed_bf16_dot() { return 1; }  // 4-bit weights times bf16 x on VDPBF16PS
+#else
+extern "C" int packed_bf16_dot() { return 0; }
+#endif
