@@ -136,7 +136,8 @@ void gemv_w4_bf16(const BFloat16 *x, const uint8_t *q, const void *scales, const
             for (int r = 0; r < R; r++) part[r] = _mm512_setzero_ps();
             for (int64_t c = g * per_group; c < (g + 1) * per_group; c++) {
                 const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i *>(row + c * 16));
-                const __m512i words = _mm512_srlv_epi16(_mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(bytes)), shifts);
+                const __m512i words =
+                    _mm512_srlv_epi16(_mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(bytes)), shifts);
                 const __m512bh w = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(words, low), table);
                 for (int r = 0; r < R; r++)
                     part[r] = _mm512_dpbf16_ps(part[r], w, (__m512bh)_mm512_loadu_si512(x + r * k + c * CHUNK));
@@ -158,16 +159,9 @@ void gemv_w4_bf16(const BFloat16 *x, const uint8_t *q, const void *scales, const
             for (int64_t i = 0; i < l.k; i++) xp[r * l.k + i] = x[r * l.k + perm[i]];
         x = xp.data();
     }
-    switch (rows) {
-        case 1: return gemv_w4_bf16<1>(x, q, scales, zeros, bias, y, ldy, l);
-        case 2: return gemv_w4_bf16<2>(x, q, scales, zeros, bias, y, ldy, l);
-        case 3: return gemv_w4_bf16<3>(x, q, scales, zeros, bias, y, ldy, l);
-        case 4: return gemv_w4_bf16<4>(x, q, scales, zeros, bias, y, ldy, l);
-        case 5: return gemv_w4_bf16<5>(x, q, scales, zeros, bias, y, ldy, l);
-        case 6: return gemv_w4_bf16<6>(x, q, scales, zeros, bias, y, ldy, l);
-        case 7: return gemv_w4_bf16<7>(x, q, scales, zeros, bias, y, ldy, l);
-        default: return gemv_w4_bf16<MAX_ROWS>(x, q, scales, zeros, bias, y, ldy, l);
-    }
+    with_rows<MAX_ROWS>(rows, [&](auto r) {
+        gemv_w4_bf16<decltype(r)::value>(x, q, scales, zeros, bias, y, ldy, l);
+    });
 }
 #endif
 
@@ -183,16 +177,9 @@ void gemv(const T *x, const uint8_t *q, const void *scales, const int32_t *zeros
     for (int64_t r = 0; r < rows; r++)
         for (int64_t i = 0; i < k; i++) xf[r * k + i] = to_float(x[r * k + (perm ? perm[i] : i)]);
     const float *xp = xf.data();
-    switch (rows) {
-        case 1: return gemv_rows<D, 1>(xp, q, scales, zeros, bias, y, ldy, l);
-        case 2: return gemv_rows<D, 2>(xp, q, scales, zeros, bias, y, ldy, l);
-        case 3: return gemv_rows<D, 3>(xp, q, scales, zeros, bias, y, ldy, l);
-        case 4: return gemv_rows<D, 4>(xp, q, scales, zeros, bias, y, ldy, l);
-        case 5: return gemv_rows<D, 5>(xp, q, scales, zeros, bias, y, ldy, l);
-        case 6: return gemv_rows<D, 6>(xp, q, scales, zeros, bias, y, ldy, l);
-        case 7: return gemv_rows<D, 7>(xp, q, scales, zeros, bias, y, ldy, l);
-        default: return gemv_rows<D, MAX_ROWS>(xp, q, scales, zeros, bias, y, ldy, l);
-    }
+    with_rows<MAX_ROWS>(rows, [&](auto r) {
+        gemv_rows<D, decltype(r)::value>(xp, q, scales, zeros, bias, y, ldy, l);
+    });
 }
 
 template <typename D, typename T>

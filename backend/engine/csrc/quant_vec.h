@@ -2,6 +2,23 @@
 // with AVX-512, 8 with AVX2+FMA, 1 (plain C++) otherwise, chosen by the build's -march.
 #pragma once
 #include <cstdint>
+#include <type_traits>
+
+// f(std::integral_constant<int, R>{}) for R = rows (1..MAX; more rows: MAX): a kernel's row count as a
+// compile-time constant, so its R x lanes accumulators live in registers
+template <int MAX, typename F>
+inline void with_rows(int64_t rows, F &&f) {
+    switch (rows) {
+        case 1: return f(std::integral_constant<int, 1>{});
+        case 2: return f(std::integral_constant<int, 2>{});
+        case 3: return f(std::integral_constant<int, 3>{});
+        case 4: return f(std::integral_constant<int, 4>{});
+        case 5: return f(std::integral_constant<int, 5>{});
+        case 6: return f(std::integral_constant<int, 6>{});
+        case 7: return f(std::integral_constant<int, 7>{});
+        default: return f(std::integral_constant<int, MAX>{});
+    }
+}
 
 #if defined(__AVX512F__)
 #include <immintrin.h>

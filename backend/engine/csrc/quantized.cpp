@@ -200,16 +200,9 @@ void gemv(const T *x, const uint8_t *w, const T *bias, T *y, int64_t rows, int64
     std::vector<float> xf(rows * k);
     for (int64_t i = 0; i < rows * k; i++) xf[i] = to_float(x[i]);
     const float *xp = xf.data();
-    switch (rows) {
-        case 1: return gemv_rows<B, 1>(xp, w, bias, y, n, k, ldy);
-        case 2: return gemv_rows<B, 2>(xp, w, bias, y, n, k, ldy);
-        case 3: return gemv_rows<B, 3>(xp, w, bias, y, n, k, ldy);
-        case 4: return gemv_rows<B, 4>(xp, w, bias, y, n, k, ldy);
-        case 5: return gemv_rows<B, 5>(xp, w, bias, y, n, k, ldy);
-        case 6: return gemv_rows<B, 6>(xp, w, bias, y, n, k, ldy);
-        case 7: return gemv_rows<B, 7>(xp, w, bias, y, n, k, ldy);
-        default: return gemv_rows<B, MAX_ROWS>(xp, w, bias, y, n, k, ldy);
-    }
+    with_rows<MAX_ROWS>(rows, [&](auto r) {
+        gemv_rows<B, decltype(r)::value>(xp, w, bias, y, n, k, ldy);
+    });
 }
 
 template <typename B, typename T>

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dtypes.h"
+#include "quant_vec.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -175,16 +176,9 @@ void gemv(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, BFloat16 *y
     pair_x(x, rows, k, xp.data(), sums.data());
     const uint16_t *xd = xp.data();
     const float *sd = sums.data();
-    switch (rows) {
-        case 1: return gemv_rows<B, 1>(xd, sd, w, bias, y, n, k, ldy);
-        case 2: return gemv_rows<B, 2>(xd, sd, w, bias, y, n, k, ldy);
-        case 3: return gemv_rows<B, 3>(xd, sd, w, bias, y, n, k, ldy);
-        case 4: return gemv_rows<B, 4>(xd, sd, w, bias, y, n, k, ldy);
-        case 5: return gemv_rows<B, 5>(xd, sd, w, bias, y, n, k, ldy);
-        case 6: return gemv_rows<B, 6>(xd, sd, w, bias, y, n, k, ldy);
-        case 7: return gemv_rows<B, 7>(xd, sd, w, bias, y, n, k, ldy);
-        default: return gemv_rows<B, MAX_ROWS>(xd, sd, w, bias, y, n, k, ldy);  // rows == MAX_ROWS
-    }
+    with_rows<MAX_ROWS>(rows, [&](auto r) {
+        gemv_rows<B, decltype(r)::value>(xd, sd, w, bias, y, n, k, ldy);
+    });
 }
 
 // W [n, k] decoded to bf16, a pair of blocks at a time: each block's 16 possible values d q + m are
