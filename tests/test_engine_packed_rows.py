@@ -144,3 +144,25 @@ def test_each_instruction_set_build_computes_the_same(march, width):
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok")
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_takes_the_gemv_in_slices_up_to_64_rows_then_tiles(dtype, monkeypatch):
+    from backend.engine.quantization.quantized_linear import PACKED_SLICED_MAX_ROWS, QuantizedLinear, Scratch
+    from tests.quant_pack_utils import count_calls
+
+    parts = [PARTS["awq-w4-g64"](), PARTS["ct-w8-g64-asym-fp32"](), PARTS["fp8-channel"]()]  # a fused layer
+    layer = QuantizedLinear(parts, True, Scratch(), dtype)
+    layer.use_kernel = True
+    torch.nn.init.normal_(layer.bias)
+    weight = torch.cat([p.dequantize_rows(0, N) for p in parts])
+    gemv, tiles = count_calls(monkeypatch, "packed_gemv"), count_calls(monkeypatch, "packed_dequant")
+    for rows in (1, 9, 40, PACKED_SLICED_MAX_ROWS + 1):
+        x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows)).to(dtype)
+        expected = x.float() @ weight.t() + layer.bias.float()
+        tolerance = 2e-5 if dtype == torch.float32 else 2e-2
+        scale = expected.abs().max().item()
+        torch.testing.assert_close(layer(x).float(), expected, rtol=tolerance, atol=tolerance * scale)
+    assert gemv[0] == 3 * (1 + 2 + 5)  # 8-row slices of each part up to 64 rows
+    assert tiles[0] == 3  # one tile per part beyond

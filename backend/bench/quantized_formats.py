@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         prompt = engines["dense bf16"].tokenizer.encode("The capital of France is")
         batch = [[*prompt, i + 10] for i in range(args.batch)]
         single = decode_rates(engines, prompt, args.tokens, args.repeats)
+        print("batch-1 decode tok/s:", ", ".join(f"{n} {r:.1f}" for n, r in single.items()), flush=True)
         batched = batch_rates(engines, batch, args.tokens, args.repeats)
     print(f"\n{cpu_kernels.build_flags()}; {args.tokens} tokens, medians of {args.repeats} runs in turns")
     print(

@@ -28,6 +28,7 @@ from backend.engine.quantization.gptq_awq import PackedWeight
 from backend.engine.quantization.row_packed import RowPacked, relayout
 
 Part = QuantizedWeight | PackedWeight | Fp8Weight | RowPacked
+PACKED_SLICED_MAX_ROWS = 64  # RowPacked layers: packed_gemv in slices up to here (measured 1.5-2.6x tiles)
 TILE_WEIGHTS = 1 << 20  # weights decoded per GEMM call: 2-4 MB, about an L2 cache
 
 
@@ -95,6 +96,7 @@ class QuantizedLinear(nn.Module):
         parts = [relayout(p) for p in parts]  # packed ints and fp8 on the CPU: the kernels' row layout
         self.parts = merge_same_type(parts)
         self.has_gemv = all(isinstance(p, QuantizedWeight | RowPacked) for p in parts)  # fused kernels
+        self.all_packed = all(isinstance(p, RowPacked) for p in parts)
         tensors = [t for part in parts for t in part_tensors(part)]
         for i, tensor in enumerate(tensors):
             self.register_buffer(f"qweight_{i}", tensor)  # counted by weights_bytes, moved by .to()
@@ -124,11 +126,22 @@ class QuantizedLinear(nn.Module):
             and x.is_contiguous()
         ):
             return self.fused(x, cpu_kernels.quant_gemm)
+        if self.use_kernel and self.all_packed and rows <= PACKED_SLICED_MAX_ROWS and x.is_contiguous():
+            return self.sliced(x)
         return self.tiled_matmul(x)
 
-    def fused(self, x: torch.Tensor, kernel) -> torch.Tensor:
-        """Every part through a decode + multiply kernel (quant_gemv or quant_gemm), into one output."""
+    def sliced(self, x: torch.Tensor) -> torch.Tensor:
+        """packed_gemv over slices of QUANT_GEMV_MAX_ROWS rows: re-reading the packed weights per slice costs
+        less than decoding them into tiles for torch's GEMM up to PACKED_SLICED_MAX_ROWS rows."""
         out = x.new_empty(x.shape[0], self.out_features)
+        step = cpu_kernels.QUANT_GEMV_MAX_ROWS
+        for first in range(0, x.shape[0], step):
+            self.fused(x[first : first + step], cpu_kernels.quant_gemv, out[first : first + step])
+        return out
+
+    def fused(self, x: torch.Tensor, kernel, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Every part through a decode + multiply kernel (quant_gemv or quant_gemm), into one output."""
+        out = x.new_empty(x.shape[0], self.out_features) if out is None else out
         start = 0
         for part in self.parts:
             stop = start + part.shape[0]
