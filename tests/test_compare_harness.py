@@ -133,7 +133,8 @@ def test_memory_account_sees_the_kv_pool_commit_as_blocks_are_written():
     after = engine_account(llm)
     assert 0 < after["KV pool committed (resident)"] <= after["KV pool reserved (virtual)"]
     kinds = by_kind(read_smaps(), kv_ranges(llm))
-    assert kinds[KV_KIND]["rss"] == after["KV pool committed (resident)"]
+    # >=: other engines alive in this test process have KV pools (mmap'd the same way) too
+    assert kinds[KV_KIND]["rss"] >= after["KV pool committed (resident)"]
     assert kinds[LIBRARIES]["rss"] > 0 and after["weights (packed oneDNN copies included)"] > 0
 
 
