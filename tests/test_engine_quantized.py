@@ -24,7 +24,7 @@ from backend.engine.quantization.gguf_blocks import dequantize as torch_dequanti
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.quantized_linear import QuantizedLinear, Scratch, dequantize_part
 from tests.common_utils import ROOT
-from tests.engine_utils import assert_engine_clean
+from tests.engine_utils import assert_engine_clean, count_identical_within_top5
 from tests.gguf_utils import Q, random_blocks, write_tiny_gguf
 
 needs_kernels = pytest.mark.skipif(
@@ -312,14 +312,4 @@ def test_bf16_kernels_agree_with_fp32_weights(model, max_num_seqs, request, monk
     ours = run()
     monkeypatch.setattr(QuantizedLinear, "forward", fp32_weights_forward)
     reference = run()
-    identical = 0
-    for a, b in zip(ours, reference, strict=True):
-        mismatch = next(
-            (i for i, (s, t) in enumerate(zip(a.token_ids, b.token_ids, strict=True)) if s != t), None
-        )
-        if mismatch is None:
-            identical += 1
-            continue
-        assert b.token_ids[mismatch] in a.logprobs[mismatch]
-        assert a.token_ids[mismatch] in b.logprobs[mismatch]
-    assert identical >= len(PROMPTS) * 2 // 3
+    assert count_identical_within_top5(ours, reference) >= len(PROMPTS) * 2 // 3

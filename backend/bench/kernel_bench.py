@@ -2,9 +2,13 @@
 
     python -m backend.bench.kernel_bench                         # SmolLM2-135M's shapes, 64 and 1 rows
     python -m backend.bench.kernel_bench --rows 64 1 --context 160 --threads 2 --repeat 200
+    python -m backend.bench.kernel_bench --only gemm --rows 1 4 16 32 64 128 --threads 1   # GEMMs alone
 
 Random tensors, no model loaded: each line is the median time of one call (microseconds) over --repeat
 calls after a few warm-up ones, so a kernel's change shows without the noise of a whole decode step.
+The GEMM lines (--only gemm) put oneDNN's packed bf16 GEMM (what Linear runs without gemm_bf16) beside
+gemm_bf16 at each projection's shape; their weights rotate through copies of about 150 MB (5x the L3
+cache here), so they come from DRAM as in a decode step.
 """
 
 from __future__ import annotations
@@ -89,6 +93,34 @@ def cases(args: argparse.Namespace, rows: int) -> dict[str, Callable[[], object]
     }
 
 
+def gemm_cases(args: argparse.Namespace, rows: int) -> dict[str, Callable[[], object]]:
+    """oneDNN's packed GEMM and gemm_bf16 at the projections' shapes; each call takes the next weight copy."""
+    import itertools
+
+    import torch
+
+    from backend.engine import cpu_kernels
+
+    hidden, inter, q_size = args.hidden, args.intermediate, args.heads * args.head_dim
+    qkv = q_size + 2 * args.kv_heads * args.head_dim
+    shapes = {"qkv": (hidden, qkv), "o": (q_size, hidden), "gate_up": (hidden, 2 * inter)}
+    shapes |= {"down": (inter, hidden), "lm_head": (hidden, args.vocab)}
+    linear = torch.ops.mkldnn._linear_pointwise.default
+    out: dict[str, Callable[[], object]] = {}
+    for name, (k, n) in shapes.items():
+        weights = [torch.randn(n, k).bfloat16() for _ in range(max(1, min(30, int(150e6 // (2 * k * n)))))]
+        x = torch.randn(rows, k).bfloat16()
+        label = f"gemm {name} {k}->{n}"
+        onednn = itertools.cycle([torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights])
+        out[f"{label} oneDNN"] = lambda x=x, it=onednn: linear(x, next(it), None, "none", [], "")
+        if cpu_kernels.gemm_bf16_enabled():
+            native = itertools.cycle([cpu_kernels.gemm_bf16_pack(w) for w in weights])
+            out[f"{label} gemm_bf16"] = lambda x=x, it=native, n=n: cpu_kernels.gemm_bf16(
+                x, next(it), n, None
+            )
+    return out
+
+
 def main(args: argparse.Namespace) -> int:
     import torch
 
@@ -101,7 +133,8 @@ def main(args: argparse.Namespace) -> int:
     torch.set_grad_enabled(False)
     for rows in args.rows:
         print(f"\n{rows} rows (median of {args.repeat} calls){'':<12}wall us    CPU us")
-        for name, fn in cases(args, rows).items():
+        chosen = cases(args, rows) | (gemm_cases(args, rows) if args.only and "gemm" in args.only else {})
+        for name, fn in chosen.items():
             if args.only and not any(word in name for word in args.only):
                 continue
             wall, cpu = median_us(fn, args.repeat)

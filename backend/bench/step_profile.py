@@ -2,11 +2,14 @@
 
     python -m backend.bench.step_profile                       # 64 sequences, 128-token prompts, bf16
     python -m backend.bench.step_profile --model DIR --num-seqs 32 --steps 20 --top 25
+    python -m backend.bench.step_profile --model DIR --compare-gemm   # oneDNN vs gemm_bf16, interleaved
 
 Prefills the batch, then times decode steps (the median of --steps, after two untimed ones), splits one
 step into its parts (host-side inputs, the forward pass, sampling, the engine's bookkeeping) with our own
 timers, and prints torch.profiler's per-op table over --profile-steps steps. The CPU model, its flags and
 the kernels the engine picked are printed with every figure (the same step is 3x apart between CPUs).
+--compare-gemm instead runs two engines side by side in one process, one on oneDNN's packed GEMM
+(PLAYGROUND_GEMM_BF16=0), one on the native bf16 GEMM, and alternates their decode steps.
 """
 
 from __future__ import annotations
@@ -88,7 +91,15 @@ def label_kernels() -> None:
 
     from backend.engine import cpu_kernels
 
-    for name in ("paged_decode_attention", "rope_and_cache", "rms_norm", "silu_and_mul", "linear_bf16_small"):
+    names = (
+        "paged_decode_attention",
+        "rope_and_cache",
+        "rms_norm",
+        "silu_and_mul",
+        "linear_bf16_small",
+        "gemm_bf16",
+    )
+    for name in names:
         inner = getattr(cpu_kernels, name)
 
         def labelled(*args, _inner=inner, _name=name, **kwargs):
@@ -112,6 +123,39 @@ def time_steps(engine, steps: int) -> tuple[list[float], list[float]]:
     return wall, cpu
 
 
+def compare_gemm(args: argparse.Namespace, model: str) -> int:
+    """Decode steps of a oneDNN engine and a gemm_bf16 one, alternated step by step (one load for both)."""
+    from backend.engine import LLM
+
+    engines = {}
+    for label, switch in (("oneDNN", "0"), ("gemm_bf16", "1")):
+        os.environ["PLAYGROUND_GEMM_BF16"] = switch  # read when the model is prepared
+        llm = LLM(
+            model, dtype=args.dtype, max_num_seqs=args.num_seqs, max_num_batched_tokens=args.batched_tokens
+        )
+        start_batch(llm, args.num_seqs, args.prompt_len)
+        engines[label] = llm.llm_engine
+    del os.environ["PLAYGROUND_GEMM_BF16"]
+    times: dict[str, list[float]] = {label: [] for label in engines}
+    cpu: dict[str, list[float]] = {label: [] for label in engines}
+    for step in range(args.steps + 2):
+        for label, engine in engines.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            engine.step()
+            if step >= 2:  # two untimed steps each
+                times[label].append(time.perf_counter() - start)
+                cpu[label].append(time.process_time() - start_cpu)
+    medians = {label: statistics.median(t) for label, t in times.items()}
+    print(f"\n{args.num_seqs}-sequence decode step, {args.steps} steps each, alternated")
+    for label, t in times.items():
+        median, rate = medians[label] * 1e3, args.num_seqs / medians[label]
+        print(f"  {label:<10} median {median:6.1f} ms ({rate:4.0f} tok/s), min {min(t) * 1e3:6.1f} ms, "
+              f"CPU time {statistics.median(cpu[label]) * 1e3:6.1f} ms")  # fmt: skip
+    print(f"  gemm_bf16 / oneDNN: {medians['oneDNN'] / medians['gemm_bf16']:.2f}x (medians); "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     import torch
 
@@ -123,6 +167,8 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     print(f"model {model}, dtype {args.dtype}, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(cpu_summary(), flush=True)
+    if args.compare_gemm:
+        return compare_gemm(args, model)
     llm = LLM(model, dtype=args.dtype, max_num_seqs=args.num_seqs, max_num_batched_tokens=args.batched_tokens)
     engine = llm.llm_engine
     start_batch(llm, args.num_seqs, args.prompt_len)
@@ -158,6 +204,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile-steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     parser.add_argument("--top", type=int, default=25, help="rows of the per-op table")
+    parser.add_argument("--compare-gemm", action="store_true", help="oneDNN vs gemm_bf16 engines, alternated")
 
 
 if __name__ == "__main__":

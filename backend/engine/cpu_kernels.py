@@ -31,6 +31,7 @@ import torch
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("paged_attention.cpp", "layers.cpp", "quantized.cpp", "packed_rows.cpp")]
+SOURCES += [CSRC / "gemm_bf16.cpp"]
 FLAGS = ["-O3", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 BUILD_TIMEOUT_S = 300  # a cold build takes seconds; a hung compiler must not hang the engine's start
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -53,6 +54,7 @@ PACKED_SIGNATURES = {
     "packed_gemv": [PTR] * 7 + [INT, INT, PTR],
     "packed_dequant": [PTR] * 5 + [INT, INT, PTR],
 }
+GEMM_BF16_PANEL = 16  # output columns a panel of gemm_bf16_pack's layout (csrc/gemm_bf16.cpp PANEL)
 
 
 def cache_dir() -> Path:
@@ -167,6 +169,9 @@ def _open(path: Path) -> ctypes.CDLL:
                 for suffix in SUFFIX.values():
                     getattr(library, f"{name}_{kind}_{suffix}").argtypes = argtypes
                     getattr(library, f"{name}_{kind}_{suffix}").restype = None
+        library.gemm_bf16.argtypes = [PTR] * 4 + [INT] * 5
+        library.gemm_bf16.restype = None
+        library.gemm_bf16_available.restype = ctypes.c_int
         library.quant_vector_width.restype = ctypes.c_int
         library.packed_bf16_dot.restype = ctypes.c_int
         library.quant_gemm_max_rows.restype = ctypes.c_int
@@ -418,4 +423,51 @@ def packed_dequant(part, first: int, last: int, out: torch.Tensor) -> torch.Tens
         last,
         ctypes.addressof(part.layout),
     )
+    return out
+
+
+def gemm_bf16_enabled() -> bool:
+    """Whether dense bf16 projections take gemm_bf16 rather than oneDNN (read when a model is prepared):
+    the build has AVX512_BF16 and the CPU no AMX (oneDNN's AMX GEMM is the faster one there). Set
+    PLAYGROUND_GEMM_BF16=0 to keep oneDNN."""
+    if os.environ.get("PLAYGROUND_GEMM_BF16", "1") == "0" or not supports(
+        torch.device("cpu"), torch.bfloat16
+    ):
+        return False
+    return _gemm_bf16_built() and "amx_bf16" not in _cpu_id().split()
+
+
+@cache
+def _gemm_bf16_built() -> bool:
+    library = load_library()
+    return library is not None and library.gemm_bf16_available() == 1
+
+
+def gemm_bf16_pack(weight: torch.Tensor) -> torch.Tensor:
+    """weight [n, k] (bf16, k even) laid out for gemm_bf16: [ceil(n / 16), k / 2, 16, 2], zero columns
+    past n (see csrc/gemm_bf16.cpp)."""
+    n, k = weight.shape
+    assert weight.dtype == torch.bfloat16 and k % 2 == 0
+    panels = -(-n // GEMM_BF16_PANEL)
+    padded = weight.new_zeros(panels * GEMM_BF16_PANEL, k)
+    padded[:n] = weight
+    return padded.view(panels, GEMM_BF16_PANEL, k // 2, 2).transpose(1, 2).contiguous()
+
+
+def gemm_bf16(
+    x: torch.Tensor,  # [rows, k] bf16, contiguous
+    packed: torch.Tensor,  # gemm_bf16_pack(weight [n, k])
+    n: int,
+    bias: torch.Tensor | None,  # [n] bf16
+    out_dtype: torch.dtype = torch.bfloat16,  # float32: the bf16 result widened (its .float()), in one pass
+) -> torch.Tensor:
+    """x @ weight^T + bias: [rows, n], sums in fp32, rounded to bf16."""
+    rows, k = x.shape
+    assert x.is_contiguous() and x.dtype == torch.bfloat16 and packed.shape[1] * 2 == k
+    out = x.new_empty(rows, n, dtype=out_dtype)
+    bias_ptr = None if bias is None else bias.data_ptr()
+    lib = load_library()
+    assert lib is not None, "called only where gemm_bf16_enabled() found the library"
+    float_out = out_dtype == torch.float32
+    lib.gemm_bf16(x.data_ptr(), packed.data_ptr(), bias_ptr, out.data_ptr(), rows, n, k, n, float_out)
     return out

@@ -42,7 +42,8 @@ class ModelArgs:
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose weight is re-laid out once for oneDNN on the CPU (prepare()).
+    """nn.Linear whose weight is re-laid out once for oneDNN on the CPU (prepare()), or for
+    cpu_kernels.gemm_bf16 where that serves a bf16 model (AVX512_BF16 without AMX: see the README).
 
     oneDNN's packed GEMMs run 1.3-2.5x faster than torch's default ones on this project's CPUs. A bf16
     model on a CPU without bf16 units (AVX2), where torch's bf16 GEMM is 4-7x slower than fp32 beyond a
@@ -56,6 +57,8 @@ class Linear(nn.Linear):
     use_kernel = False  # set by LlamaForCausalLM.prepare_weights when cpu_kernels serve this model
     packed_weight: torch.Tensor | None = None
     packed_bias: torch.Tensor | None = None
+    native_weight: torch.Tensor | None = None  # cpu_kernels.gemm_bf16_pack(weight), set by prepare()
+    float_output = False  # lm_head on gemm_bf16: logits come out as their fp32 copy (what the sampler takes)
     compute_dtype: torch.dtype | None = None  # set when the packed copy is fp32 for a bf16 model
     linear_pointwise: Any = None  # torch.ops.mkldnn._linear_pointwise.default, set by prepare()
 
@@ -64,6 +67,10 @@ class Linear(nn.Linear):
         Linear.linear_pointwise = torch.ops.mkldnn._linear_pointwise.default
         weight = self.weight.detach()
         self.packed_bias = None if self.bias is None else self.bias.detach()  # a view, not a Parameter
+        if weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0 and cpu_kernels.gemm_bf16_enabled():
+            self.native_weight = cpu_kernels.gemm_bf16_pack(weight)
+            self.weight = nn.Parameter(weight.new_empty(0), requires_grad=False)
+            return
         if weight.dtype == torch.bfloat16 and not cpu_has_fast_bf16():
             self.compute_dtype = torch.float32
             self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.float(), 1)
@@ -75,9 +82,15 @@ class Linear(nn.Linear):
     def prepared_tensors(self) -> list[torch.Tensor]:
         """What prepare() added to memory."""
         own_bias = self.compute_dtype is not None and self.packed_bias is not None
-        return [t for t in (self.packed_weight, self.packed_bias if own_bias else None) if t is not None]
+        prepared = (self.packed_weight, self.native_weight, self.packed_bias if own_bias else None)
+        return [t for t in prepared if t is not None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native_weight is not None:
+            rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, x.shape[-1]).contiguous()
+            dtype = torch.float32 if self.float_output else x.dtype
+            out = cpu_kernels.gemm_bf16(rows, self.native_weight, self.out_features, self.packed_bias, dtype)
+            return out if x.dim() == 2 else out.view(*x.shape[:-1], self.out_features)
         if self.compute_dtype and x.shape[0] <= self.SMALL_BATCH:
             if self.use_kernel and x.is_contiguous():
                 return cpu_kernels.linear_bf16_small(x, self.weight, self.bias)
@@ -271,6 +284,8 @@ class LlamaForCausalLM(nn.Module):
             for module in self.modules():
                 if isinstance(module, Linear):
                     module.prepare()
+            if isinstance(self.lm_head, Linear):
+                self.lm_head.float_output = True  # the runner's .float() of the logits is then a no-op
         use_kernels = cpu_kernels.supports(weight.device, weight.dtype)
         kernel_users = (Linear, RMSNorm, MLP, Attention, QuantizedLinear, QuantizedEmbedding)
         for module in self.modules():
