@@ -14,10 +14,12 @@ cache here), so they come from DRAM as in a decode step.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 
 def median_us(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
@@ -112,13 +114,21 @@ def gemm_cases(args: argparse.Namespace, rows: int) -> dict[str, Callable[[], ob
         x = torch.randn(rows, k).bfloat16()
         label = f"gemm {name} {k}->{n}"
         onednn = itertools.cycle([torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights])
-        out[f"{label} oneDNN"] = lambda x=x, it=onednn: linear(x, next(it), None, "none", [], "")
+        out[f"{label} oneDNN"] = functools.partial(_onednn_gemm, linear, x, onednn)
         if cpu_kernels.gemm_bf16_enabled():
             native = itertools.cycle([cpu_kernels.gemm_bf16_pack(w) for w in weights])
-            out[f"{label} gemm_bf16"] = lambda x=x, it=native, n=n: cpu_kernels.gemm_bf16(
-                x, next(it), n, None
-            )
+            out[f"{label} gemm_bf16"] = functools.partial(_native_gemm, x, native, n)
     return out
+
+
+def _onednn_gemm(linear: Callable[..., object], x: Any, weights: Iterator[Any]) -> object:
+    return linear(x, next(weights), None, "none", [], "")
+
+
+def _native_gemm(x: Any, weights: Iterator[Any], n: int) -> object:
+    from backend.engine import cpu_kernels
+
+    return cpu_kernels.gemm_bf16(x, next(weights), n, None)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -266,7 +266,7 @@ def build_model(
             weight.scales, weight.g_idx = weight.scales.to(device), weight.g_idx.to(device)
         elif isinstance(weight, Fp8Weight):
             weight.weight, weight.scale = weight.weight.to(device), weight.scale.to(device)
-        else:
+        elif isinstance(weight, QuantizedWeight):
             weight.data = weight.data.to(device)
     state |= install_quantized(net, quantized, FUSED)
     net.load_hf_state_dict(state)
