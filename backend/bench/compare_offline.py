@@ -3,7 +3,8 @@
 The prompts are the run's own (the same seed and slice), as the token ids the server makes of them
 (completions text encoded without special tokens; chat messages through the chat template), with each
 request's max_tokens, greedy and ignore_eos, on the engine settings the server was launched with and
-max_num_seqs = the run's concurrency, stepped from a thread as the server steps it. It runs in a
+max_num_seqs = the run's concurrency, loaded and stepped on one thread as the server's engine is
+(`AsyncLLM.from_config`: one OpenMP worker pool, README issue 19). It runs in a
 subprocess of this checkout's Python (`python -m backend.bench.compare_offline SPEC.json`) after the
 server has stopped, so it has the machine
 as the server had: the warm-up prompts untimed, then the run's prompts timed through the same function
@@ -16,7 +17,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import threading
 from dataclasses import asdict
 
 from backend.bench.compare import CompareTarget, OfflineRun, Workload
@@ -81,18 +81,6 @@ def run_offline(config: EngineConfig, run: Workload, warmup: Workload | None) ->
     return OfflineRun(run.max_concurrency, tok_s, detail, result["input_tokens"])
 
 
-def in_thread(fn, *args):
-    """fn(*args) stepped from a thread of its own, as the server's AsyncLLM steps the engine: on a loaded
-    2-core machine the same LLM.generate ran 2-4x slower from the main thread (README, issue 19)."""
-    result: list = []
-    worker = threading.Thread(target=lambda: result.append(fn(*args)), name="offline-engine")
-    worker.start()
-    worker.join()
-    if not result:
-        raise RuntimeError("the offline engine thread failed (its traceback is above)")
-    return result[0]
-
-
 def main(path: str) -> None:
     from backend.bench.offline import Workload as TokenWorkload
     from backend.bench.offline import run_engine
@@ -103,9 +91,9 @@ def main(path: str) -> None:
     engine = dict(spec["engine"])
     llm = LLM(engine.pop("model"), **engine)
     if spec["warmup"]["prompts"]:
-        in_thread(run_engine, llm, TokenWorkload(spec["warmup"]["prompts"], spec["warmup"]["max_tokens"]))
+        run_engine(llm, TokenWorkload(spec["warmup"]["prompts"], spec["warmup"]["max_tokens"]))
     work = TokenWorkload(spec["timed"]["prompts"], spec["timed"]["max_tokens"])
-    elapsed = in_thread(run_engine, llm, work)
+    elapsed = run_engine(llm, work)
     input_tokens = sum(map(len, work.prompts))
     result = {"elapsed_s": elapsed, "output_tokens": work.output_tokens, "input_tokens": input_tokens}
     print("OFFLINE_RESULT", json.dumps(result), flush=True)
