@@ -60,17 +60,17 @@ class Linear(nn.Linear):
     native_weight: torch.Tensor | None = None  # cpu_kernels.gemm_bf16_pack(weight), set by prepare()
     float_output = False  # lm_head on gemm_bf16: logits come out as their fp32 copy (what the sampler takes)
     compute_dtype: torch.dtype | None = None  # set when the packed copy is fp32 for a bf16 model
-    linear_pointwise: Any = None  # torch.ops.mkldnn._linear_pointwise.default, set by prepare()
+    linear_pointwise: Any = None  # torch.ops.mkldnn._linear_pointwise.default where packed_weight is set
 
     def prepare(self) -> None:
-        # the op's overload itself: calling it skips the packet's overload resolution (about 1.5 us a call)
-        Linear.linear_pointwise = torch.ops.mkldnn._linear_pointwise.default
         weight = self.weight.detach()
         self.packed_bias = None if self.bias is None else self.bias.detach()  # a view, not a Parameter
         if weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0 and cpu_kernels.gemm_bf16_enabled():
             self.native_weight = cpu_kernels.gemm_bf16_pack(weight)
             self.weight = nn.Parameter(weight.new_empty(0), requires_grad=False)
             return
+        # the op's overload itself: calling it skips the packet's overload resolution (about 1.5 us a call)
+        self.linear_pointwise = torch.ops.mkldnn._linear_pointwise.default
         if weight.dtype == torch.bfloat16 and not cpu_has_fast_bf16():
             self.compute_dtype = torch.float32
             self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.float(), 1)
@@ -98,7 +98,7 @@ class Linear(nn.Linear):
         if self.packed_weight is None:
             return F.linear(x, self.weight, self.bias)
         h = x if self.compute_dtype is None else x.to(self.compute_dtype)
-        out = Linear.linear_pointwise(h, self.packed_weight, self.packed_bias, "none", [], "")
+        out = self.linear_pointwise(h, self.packed_weight, self.packed_bias, "none", [], "")
         return out.to(x.dtype)
 
 
