@@ -17,7 +17,7 @@ from backend.bench.compare import (
     split_runs,
 )
 from backend.bench.compare_report import bar_lines, note_lines
-from backend.bench.compare_targets import LocalTargets, vllm_threads
+from backend.bench.compare_targets import LocalTargets, token_budget, vllm_threads
 from backend.bench.datasets import load_tokenizer, sample_requests
 from backend.bench.memory import Mapping, by_kind, engine_account, kind, kv_ranges, read_smaps
 from backend.bench.results import BenchResult
@@ -98,6 +98,27 @@ def test_compare_runs_vllm_compiled_and_the_launch_tab_eager(monkeypatch):
     compiled = launch_command(req, "vllm", 8000, enforce_eager=False)
     assert "--enforce-eager" not in compiled and "--max-num-seqs 64" in compiled
     assert "--enforce-eager" in launch_command(req, "vllm", 8000, enforce_eager=True)
+
+
+def test_each_engine_runs_its_own_token_budget_unless_one_is_given(monkeypatch):
+    """vLLM CPU serve's default is 2048 tokens a step, the embedded engine's EngineConfig's 512; compare
+    launches each at its own unless --max-num-batched-tokens sets one for all, and reports which."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr("backend.export.supervisor.has_gpu", lambda: False)
+    own = LocalTargets("/models/dense", 2048, 64)
+    assert "--max-num-batched-tokens 512" in launch_command(own.request("embedded"), "embedded", 8000)
+    assert own.engine_config(16).max_num_batched_tokens == 512
+    assert "--max-num-batched-tokens 2048" in launch_command(own.request("vllm"), "vllm", 8000)
+    fixed = LocalTargets("/models/dense", 2048, 64, max_num_batched_tokens=1024)
+    for engine in ("embedded", "vllm"):
+        assert "--max-num-batched-tokens 1024" in launch_command(fixed.request(engine), engine, 8000)
+    assert fixed.engine_config(16).max_num_batched_tokens == 1024
+    log = ["INFO 12-01 [scheduler.py:308] Chunked prefill is enabled with max_num_batched_tokens=2048."]
+    vllm, embedded = SimpleNamespace(engine="vllm", log=log), SimpleNamespace(engine="embedded", log=[])
+    assert token_budget(vllm, own.request("vllm")) == "max_num_batched_tokens 2048 (its default)"
+    assert token_budget(embedded, own.request("embedded")) == "max_num_batched_tokens 512 (its default)"
+    assert token_budget(vllm, fixed.request("vllm")) == "max_num_batched_tokens 1024"
 
 
 def test_offline_engine_settings_are_the_served_ones_but_max_num_seqs():

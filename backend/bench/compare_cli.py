@@ -44,6 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="vLLM with --enforce-eager (default: compiled, as `vllm serve` runs; the Launch tab runs eager)",
     )
     parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="one step token budget for every local engine (default: each its own: vLLM CPU serve 2048, "
+        "embedded 512)",
+    )
+    parser.add_argument(
         "--skip-offline",
         action="store_true",
         help="leave out the offline column (embedded: LLM.generate on each run's prompts, after its server)",
@@ -91,7 +98,10 @@ def run_targets(args: argparse.Namespace, model: str, warmup, runs, comparison) 
     from backend.bench.compare_targets import LocalTargets, url_target
 
     max_num_seqs = max(args.max_concurrency)
-    with LocalTargets(model, args.max_model_len, max_num_seqs, vllm_eager=args.vllm_eager) as local:
+    local = LocalTargets(
+        model, args.max_model_len, max_num_seqs, args.vllm_eager, args.max_num_batched_tokens
+    )
+    with local:
         for name in args.target:
             target = local.start(name, args.start_timeout) if name in LOCAL else url_target(name)
             if warmup is not None:

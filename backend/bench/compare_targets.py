@@ -105,12 +105,25 @@ def vllm_threads(log: list[str]) -> str:
     )
 
 
-def target_detail(server: ManagedServer, enforce_eager: bool | None) -> str:
-    """How the engine ran, for the report: vLLM's mode and thread binding."""
-    if server.engine != "vllm":
-        return ""
-    mode = "eager (--enforce-eager)" if enforce_eager else "compiled (torch.compile, vllm serve's default)"
-    return "; ".join(part for part in (f"vLLM {mode}", vllm_threads(list(server.log))) if part)
+def token_budget(server: ManagedServer, req: PlanRequest) -> str:
+    """The step's token budget the engine ran with: set by --max-num-batched-tokens, or its own default
+    (vLLM states it in its log; the embedded engine's is EngineConfig's)."""
+    if req.max_num_batched_tokens:
+        return f"max_num_batched_tokens {req.max_num_batched_tokens}"
+    if server.engine == "embedded":
+        default = EngineConfig.__dataclass_fields__["max_num_batched_tokens"].default
+        return f"max_num_batched_tokens {default} (its default)"
+    found = re.search(r"max_num_batched_tokens=(\d+)", "\n".join(server.log))
+    return f"max_num_batched_tokens {found.group(1)} (its default)" if found else ""
+
+
+def target_detail(server: ManagedServer, req: PlanRequest, enforce_eager: bool | None) -> str:
+    """How the engine ran, for the report: its token budget; vLLM's mode and thread binding."""
+    parts = [token_budget(server, req)]
+    if server.engine == "vllm":
+        mode = "eager (--enforce-eager)" if enforce_eager else "compiled (torch.compile, vllm serve's own)"
+        parts = [f"vLLM {mode}", *parts, vllm_threads(list(server.log))]
+    return "; ".join(part for part in parts if part)
 
 
 def server_target(server: ManagedServer, req: PlanRequest | None = None, detail: str = "") -> CompareTarget:
@@ -130,8 +143,16 @@ def server_target(server: ManagedServer, req: PlanRequest | None = None, detail:
 class LocalTargets:
     """Launch local engines for one plan, one at a time; stop them all on exit."""
 
-    def __init__(self, model: str, max_model_len: int, max_num_seqs: int, vllm_eager: bool = False) -> None:
+    def __init__(
+        self,
+        model: str,
+        max_model_len: int,
+        max_num_seqs: int,
+        vllm_eager: bool = False,
+        max_num_batched_tokens: int | None = None,  # None: each engine's own default
+    ) -> None:
         self.model, self.max_model_len, self.max_num_seqs = model, max_model_len, max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.vllm_eager = vllm_eager  # compiled by default: vLLM as `vllm serve` runs it
         self.servers = ExternalServers()
 
@@ -143,7 +164,7 @@ class LocalTargets:
             quant="bf16",
             max_model_len=self.max_model_len,
             max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=2048,
+            max_num_batched_tokens=self.max_num_batched_tokens,
             block_size=32,  # vLLM's CPU attention needs a multiple of 32
         )
 
@@ -161,7 +182,7 @@ class LocalTargets:
             detail = "\n".join(status.error or list(server.log)[-20:])
             raise SystemExit(f"compare: {engine} did not start ({status.phase}):\n{detail}")
         print(f"* {engine} ready in {status.seconds:.0f} s", flush=True)
-        return server_target(server, req, target_detail(server, eager))
+        return server_target(server, req, target_detail(server, req, eager))
 
     def engine_config(self, max_num_seqs: int) -> EngineConfig:
         """The embedded server's engine settings (its launch command's flags) with max_num_seqs: the

@@ -97,8 +97,14 @@ def _v1_defaults(version: tuple[int, int, int], context: str, gpu: GPU) -> tuple
 def scheduler_limits(
     engine: str, version_text: str | None, context: str, gpu: GPU, max_model_len: int
 ) -> SchedulerLimits:
-    """vLLM's own defaults for this version, usage context and GPU; other engines get fixed ones."""
+    """vLLM's own defaults for this version, usage context and GPU; the embedded engine's are EngineConfig's;
+    other engines get fixed ones."""
     version = parse_version(version_text or VLLM_TARGET_VERSION)
+    if engine == "embedded":
+        from backend.engine.config import config_field
+
+        seqs, tokens = config_field("max_num_seqs").default, config_field("max_num_batched_tokens").default
+        return SchedulerLimits(version, True, seqs, tokens, True, False)  # type: ignore[arg-type]
     if engine != "vllm":
         return SchedulerLimits(version, True, OTHER_MAX_NUM_SEQS, OTHER_BATCHED_TOKENS, True, False)
     if version < V1_SINCE or (version < V0_FALLBACK_UNTIL and gpu.name in PRE_AMPERE_GPUS):
