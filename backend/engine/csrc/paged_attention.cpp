@@ -22,10 +22,7 @@
 #include <vector>
 
 #include "dtypes.h"
-
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
+#include "quant_vec.h"
 
 namespace {
 
@@ -50,97 +47,110 @@ inline __m256 sum8(const __m256 *h) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-inline void store_first(float *out, __m256 x, int64_t m) {  // out[0 .. m-1] = x's first m lanes
+// scores[j] = scale * the sum of acc[j]'s lanes for j < m (m <= 8; the other sums are computed, not stored)
+inline void store_sums(const __m256 *acc, int64_t m, float scale, float *scores) {
+    const __m256 sums = _mm256_mul_ps(sum8(acc), _mm256_set1_ps(scale));
     if (m == 8) {
-        _mm256_storeu_ps(out, x);
+        _mm256_storeu_ps(scores, sums);
     } else {
         alignas(32) float lanes[8];
-        _mm256_store_ps(lanes, x);
-        for (int64_t j = 0; j < m; j++) out[j] = lanes[j];
+        _mm256_store_ps(lanes, sums);
+        for (int64_t j = 0; j < m; j++) scores[j] = lanes[j];
     }
 }
 #endif
 
-// scores[p] = dot(query [D], keys[p, :]) for p < n, keys fp32 [n, D]: eight keys at a time, each summed in
-// its own vector register and the eight reduced together, where the build has AVX-512 or AVX2 and D allows
-inline void tile_scores(const float *query, const float *keys, int64_t n, int64_t D, float *scores) {
 #if defined(__AVX512F__)
-    if (D % 16 == 0) {
-        for (int64_t p0 = 0; p0 < n; p0 += 8) {
-            const int64_t m = std::min<int64_t>(8, n - p0);
-            __m512 acc[8];
+// the same for 16-lane registers, each one's halves added first
+inline void store_sums(const __m512 *acc, int64_t m, float scale, float *scores) {
+    __m256 halves[8];
 #pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) acc[j] = _mm512_setzero_ps();
-            for (int64_t d = 0; d < D; d += 16) {
-                const __m512 qv = _mm512_loadu_ps(query + d);
-#pragma GCC unroll 8
-                for (int j = 0; j < 8; j++) {  // rows past n repeat the last one (computed, not stored)
-                    const float *k = keys + (p0 + std::min<int64_t>(j, m - 1)) * D + d;
-                    acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k), acc[j]);
-                }
-            }
-            __m256 h[8];
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) {
-                h[j] = _mm256_add_ps(_mm512_castps512_ps256(acc[j]), _mm512_extractf32x8_ps(acc[j], 1));
-            }
-            store_first(scores + p0, sum8(h), m);
-        }
-        return;
+    for (int j = 0; j < 8; j++) {
+        halves[j] = _mm256_add_ps(_mm512_castps512_ps256(acc[j]), _mm512_extractf32x8_ps(acc[j], 1));
     }
+    store_sums(halves, m, scale, scores);
+}
 #endif
-#if defined(__AVX2__) && defined(__FMA__)
-    if (D % 8 == 0) {
-        for (int64_t p0 = 0; p0 < n; p0 += 8) {
-            const int64_t m = std::min<int64_t>(8, n - p0);
-            __m256 acc[8];
+
+// What tile_dots multiplies and adds with: STEP elements of the query and of a key per step, loaded as an
+// Operand and accumulated into an Acc register. FloatLanes: the build's float vector (quant_vec.h).
+struct FloatLanes {
+    using Element = float;
+    using Operand = Vec;
+    using Acc = Vec;
+    static constexpr int64_t STEP = VEC_WIDTH;
+    static Acc zero() { return vzero(); }
+    static Operand load(const float *p) { return vload(p); }
+    static Acc step(Acc acc, Operand q, Operand k) { return vfma(q, k, acc); }
+};
+
+#if defined(__AVX512F__) && defined(__FMA__)
+struct HalfFloatLanes {  // 8 floats on an AVX-512 build: head sizes that are a multiple of 8 but not of 16
+    using Element = float;
+    using Operand = __m256;
+    using Acc = __m256;
+    static constexpr int64_t STEP = 8;
+    static Acc zero() { return _mm256_setzero_ps(); }
+    static Operand load(const float *p) { return _mm256_loadu_ps(p); }
+    static Acc step(Acc acc, Operand q, Operand k) { return _mm256_fmadd_ps(q, k, acc); }
+};
+#endif
+
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+constexpr bool HAS_BF16_DOT = true;
+struct Bf16Pairs {  // AVX512_BF16's dot product: bf16 pairs multiplied exactly and summed in fp32
+    using Element = BFloat16;
+    using Operand = __m512bh;
+    using Acc = __m512;
+    static constexpr int64_t STEP = 32;
+    static Acc zero() { return _mm512_setzero_ps(); }
+    static Operand load(const BFloat16 *p) { return (__m512bh)_mm512_loadu_si512(p); }
+    static Acc step(Acc acc, Operand q, Operand k) { return _mm512_dpbf16_ps(acc, q, k); }
+};
+#else
+constexpr bool HAS_BF16_DOT = false;
+#endif
+
+// scores[p] = scale * dot(query [D], keys[p, :]) for p < n, keys [n, D] with D % L::STEP == 0, read in place:
+// eight keys at a time, each summed in its own register and the eight reduced together
+template <typename L>
+inline void tile_dots(const typename L::Element *query, const typename L::Element *keys, int64_t n, int64_t D,
+                      float scale, float *scores) {
+    for (int64_t p0 = 0; p0 < n; p0 += 8) {
+        const int64_t m = std::min<int64_t>(8, n - p0);
+        typename L::Acc acc[8];
 #pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
-            for (int64_t d = 0; d < D; d += 8) {
-                const __m256 qv = _mm256_loadu_ps(query + d);
+        for (int j = 0; j < 8; j++) acc[j] = L::zero();
+        for (int64_t d = 0; d < D; d += L::STEP) {
+            const typename L::Operand qv = L::load(query + d);
 #pragma GCC unroll 8
-                for (int j = 0; j < 8; j++) {
-                    const float *k = keys + (p0 + std::min<int64_t>(j, m - 1)) * D + d;
-                    acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k), acc[j]);
-                }
+            for (int j = 0; j < 8; j++) {  // rows past n repeat the last one (computed, not stored)
+                acc[j] = L::step(acc[j], qv, L::load(keys + (p0 + std::min<int64_t>(j, m - 1)) * D + d));
             }
-            store_first(scores + p0, sum8(acc), m);
         }
-        return;
+        store_sums(acc, m, scale, scores + p0);
     }
+}
+
+// scores[p] = dot(query [D], keys[p, :]) for p < n, keys fp32 [n, D]: tile_dots where the build has vectors
+// and D allows, else one key at a time
+inline void tile_scores(const float *query, const float *keys, int64_t n, int64_t D, float *scores) {
+    if constexpr (VEC_WIDTH > 1) {
+        if (D % VEC_WIDTH == 0) return tile_dots<FloatLanes>(query, keys, n, D, 1.0f, scores);
+    }
+#if defined(__AVX512F__) && defined(__FMA__)
+    if (D % 8 == 0) return tile_dots<HalfFloatLanes>(query, keys, n, D, 1.0f, scores);
 #endif
     for (int64_t p = 0; p < n; p++) scores[p] = dot(query, keys + p * D, D);
 }
 
 #if defined(__AVX512BF16__) && defined(__AVX512VL__)
-constexpr bool HAS_BF16_DOT = true;
-// scores[p] = scale * dot(q [D], keys[p, :]) for p < n, q and keys bf16 ([n, D], D % 32 == 0), read in place:
-// AVX512_BF16's dot product instruction multiplies bf16 pairs exactly and sums them in fp32
+// scores[p] = scale * dot(q [D], keys[p, :]) for p < n, q and keys bf16 ([n, D], D % 32 == 0), read in place
 inline void tile_scores_bf16(const BFloat16 *q, const BFloat16 *keys, int64_t n, int64_t D, float scale,
                              float *scores) {
-    for (int64_t p0 = 0; p0 < n; p0 += 8) {
-        const int64_t m = std::min<int64_t>(8, n - p0);
-        __m512 acc[8];
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) acc[j] = _mm512_setzero_ps();
-        for (int64_t d = 0; d < D; d += 32) {
-            const __m512bh qv = (__m512bh)_mm512_loadu_si512(q + d);
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) {
-                const BFloat16 *k = keys + (p0 + std::min<int64_t>(j, m - 1)) * D + d;
-                acc[j] = _mm512_dpbf16_ps(acc[j], qv, (__m512bh)_mm512_loadu_si512(k));
-            }
-        }
-        __m256 h[8];
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            h[j] = _mm256_add_ps(_mm512_castps512_ps256(acc[j]), _mm512_extractf32x8_ps(acc[j], 1));
-        }
-        store_first(scores + p0, _mm256_mul_ps(sum8(h), _mm256_set1_ps(scale)), m);
-    }
+    tile_dots<Bf16Pairs>(q, keys, n, D, scale, scores);
 }
 #else
-constexpr bool HAS_BF16_DOT = false;
 inline void tile_scores_bf16(const BFloat16 *, const BFloat16 *, int64_t, int64_t, float, float *) {}
 #endif
 
@@ -163,59 +173,27 @@ int64_t accumulate_columns(float *acc, const float *w, const float *values, int6
     return d0;
 }
 
-// one vector register of floats, per instruction set, for accumulate_rows
-#if defined(__AVX512F__)
-using RowVec = __m512;
-constexpr int64_t ROW_LANES = 16;
-inline RowVec row_load(const float *p) { return _mm512_loadu_ps(p); }
-inline void row_store(float *p, RowVec v) { _mm512_storeu_ps(p, v); }
-inline RowVec row_set1(float x) { return _mm512_set1_ps(x); }
-inline RowVec row_fma(RowVec a, RowVec b, RowVec c) { return _mm512_fmadd_ps(a, b, c); }
-#elif defined(__AVX2__) && defined(__FMA__)
-using RowVec = __m256;
-constexpr int64_t ROW_LANES = 8;
-inline RowVec row_load(const float *p) { return _mm256_loadu_ps(p); }
-inline void row_store(float *p, RowVec v) { _mm256_storeu_ps(p, v); }
-inline RowVec row_set1(float x) { return _mm256_set1_ps(x); }
-inline RowVec row_fma(RowVec a, RowVec b, RowVec c) { return _mm256_fmadd_ps(a, b, c); }
-#else
-constexpr int64_t ROW_LANES = 0;
-#endif
-
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-// acc [CHUNKS * ROW_LANES] += sum over p < n of w[p] * values[p, :] (row stride D), the whole row in registers
+// acc [CHUNKS * VEC_WIDTH] += sum over p < n of w[p] * values[p, :] (row stride D), the whole row in registers
 template <int CHUNKS>
 void accumulate_rows(float *acc, const float *w, const float *values, int64_t n, int64_t D) {
-    RowVec a[CHUNKS];
+    Vec a[CHUNKS];
 #pragma GCC unroll 16
-    for (int c = 0; c < CHUNKS; c++) a[c] = row_load(acc + ROW_LANES * c);
+    for (int c = 0; c < CHUNKS; c++) a[c] = vload(acc + VEC_WIDTH * c);
     for (int64_t p = 0; p < n; p++) {
-        const RowVec wp = row_set1(w[p]);
+        const Vec wp = vset(w[p]);
 #pragma GCC unroll 16
-        for (int c = 0; c < CHUNKS; c++) a[c] = row_fma(wp, row_load(values + p * D + ROW_LANES * c), a[c]);
+        for (int c = 0; c < CHUNKS; c++) a[c] = vfma(wp, vload(values + p * D + VEC_WIDTH * c), a[c]);
     }
 #pragma GCC unroll 16
-    for (int c = 0; c < CHUNKS; c++) row_store(acc + ROW_LANES * c, a[c]);
+    for (int c = 0; c < CHUNKS; c++) vstore(acc + VEC_WIDTH * c, a[c]);
 }
-#else
-template <int CHUNKS>
-void accumulate_rows(float *, const float *, const float *, int64_t, int64_t) {}
-#endif
 
 inline void accumulate(float *acc, const float *w, const float *values, int64_t n, int64_t D) {
-    if (ROW_LANES > 0 && D % std::max<int64_t>(ROW_LANES, 1) == 0) {  // rows of up to 8 vectors: 128 floats
-        // on AVX-512, 64 on AVX2
-        switch (D / std::max<int64_t>(ROW_LANES, 1)) {
-            case 1: return accumulate_rows<1>(acc, w, values, n, D);
-            case 2: return accumulate_rows<2>(acc, w, values, n, D);
-            case 3: return accumulate_rows<3>(acc, w, values, n, D);
-            case 4: return accumulate_rows<4>(acc, w, values, n, D);
-            case 5: return accumulate_rows<5>(acc, w, values, n, D);
-            case 6: return accumulate_rows<6>(acc, w, values, n, D);
-            case 7: return accumulate_rows<7>(acc, w, values, n, D);
-            case 8: return accumulate_rows<8>(acc, w, values, n, D);
-            default: break;
-        }
+    // rows of up to 8 vectors (128 floats on AVX-512, 64 on AVX2) in registers
+    if (VEC_WIDTH > 1 && D % VEC_WIDTH == 0 && D <= 8 * VEC_WIDTH) {
+        return with_rows<8>(D / VEC_WIDTH, [&](auto chunks) {
+            accumulate_rows<decltype(chunks)::value>(acc, w, values, n, D);
+        });
     }
     int64_t d0 = accumulate_columns<64>(acc, w, values, n, D, 0);
     d0 = accumulate_columns<16>(acc, w, values, n, D, d0);

@@ -1,5 +1,6 @@
-// The float vector the quantized kernels accumulate in (csrc/quantized.cpp, csrc/packed_rows.cpp): 16 lanes
-// with AVX-512, 8 with AVX2+FMA, 1 (plain C++) otherwise, chosen by the build's -march.
+// The float vector the native kernels accumulate in (csrc/quantized.cpp, csrc/packed_rows.cpp,
+// csrc/paged_attention.cpp): 16 lanes with AVX-512, 8 with AVX2+FMA, 1 (plain C++) otherwise, chosen by the
+// build's -march.
 #pragma once
 #include <cstdint>
 #include <type_traits>
