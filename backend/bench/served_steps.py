@@ -2,13 +2,15 @@
 
     python -m backend.bench.served_steps --model DIR --num-prompts 64 --max-concurrency 16
 
-One process loads the engine once, then (1) steps it offline, keeping --max-concurrency requests in
-flight (a new one is added as one finishes, as a client would), and (2) serves it with the real
-server (`AsyncLLM` + `build_app` under uvicorn) while `python app.py bench` loads it from a separate
-process. Every step is recorded (wall time, decode rows, prefill tokens, the gap since the previous
-step) by wrapping the engine's step(); steps are compared by their batch composition, so a served
-decode step of 16 rows is set beside an offline one of 16 rows. The two passes use different prompt
-seeds so that the second is not served from the first's prefix cache.
+Each variant runs in its own process, the variants interleaved over --rounds: "offline" steps the engine,
+keeping --max-concurrency requests in flight (a new one is added as one finishes, as a client would);
+"served" serves it with the real server (`AsyncLLM.from_config` + `build_app` under uvicorn) while
+`python app.py bench` loads it from a separate process; "served-main-load" serves an engine loaded on the
+main thread and stepped on another (two OpenMP pools, the layout before). Every step is recorded (wall
+time, decode rows, prefill tokens, the gap since the previous step) by a StepRecorder
+(backend/bench/step_recorder.py); steps are compared by their batch composition, so a served decode step
+of 16 rows is set beside an offline one of 16 rows. The offline warm-up uses another prompt seed so that
+the measured pass is not served from its prefix cache.
 """
 
 from __future__ import annotations
@@ -17,74 +19,17 @@ import argparse
 import asyncio
 import json
 import os
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
+from backend.bench.step_recorder import StepRecorder, step_summary, voluntary_switches
+from backend.export.supervisor import free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-@dataclass(slots=True)
-class StepRecord:
-    seconds: float
-    gap_seconds: float  # engine-thread time since the previous step ended (commands, delivery, waiting)
-    num_decode_rows: int
-    num_prefill_tokens: int
-
-
-@dataclass(slots=True)
-class StepRecorder:
-    """Wraps an LLMEngine's step() and scheduler.schedule() to record each step's time and batch."""
-
-    records: list[StepRecord] = field(default_factory=list)
-    _last_end: float | None = None
-    _batch: tuple[int, int] = (0, 0)
-
-    def attach(self, engine) -> None:
-        step, schedule = engine.step, engine.scheduler.schedule
-
-        def recorded_schedule():
-            scheduled = schedule()
-            decodes = sum(1 for item in scheduled if item.seq.num_uncomputed_tokens == 1)
-            prefill = sum(item.num_new_tokens for item in scheduled if item.seq.num_uncomputed_tokens > 1)
-            self._batch = (decodes, prefill)
-            return scheduled
-
-        def recorded_step():
-            start = time.perf_counter()
-            self._batch = (0, 0)
-            outputs = step()
-            end = time.perf_counter()
-            if self._batch != (0, 0):
-                gap = start - self._last_end if self._last_end is not None else 0.0
-                self.records.append(StepRecord(end - start, gap, *self._batch))
-            self._last_end = end
-            return outputs
-
-        engine.scheduler.schedule = recorded_schedule
-        engine.step = recorded_step
-
-    def take(self) -> list[StepRecord]:
-        records, self.records, self._last_end = self.records, [], None
-        return records
-
-
-def voluntary_switches() -> int:
-    """Voluntary context switches of every thread of this process so far (a sleeping OpenMP worker
-    adds one per parallel region it is woken for)."""
-    total = 0
-    for task in os.listdir("/proc/self/task"):
-        try:
-            lines = Path(f"/proc/self/task/{task}/status").read_text().splitlines()
-        except OSError:  # the thread ended
-            continue
-        total += sum(int(line.split()[1]) for line in lines if line.startswith("voluntary_ctxt_switches"))
-    return total
 
 
 def offline_pass(engine, prompts: list[list[int]], output_len: int, concurrency: int) -> float:
@@ -102,12 +47,6 @@ def offline_pass(engine, prompts: list[list[int]], output_len: int, concurrency:
         for out in engine.step():
             in_flight -= out.finished
     return time.perf_counter() - start
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def client_command(args: argparse.Namespace, port: int, out: Path) -> list[str]:
@@ -162,23 +101,6 @@ def bench_prompts(args: argparse.Namespace, seed: int) -> list[list[int]]:
     config = replace(config, output_len=args.output_len, tokenizer=args.model)
     tokenizer = load_tokenizer(args.model)
     return [list(tokenizer(req.prompt)["input_ids"]) for req in iter_requests(config)]
-
-
-def step_summary(records: list[StepRecord], seconds: float, switches: int) -> dict:
-    """Steps/s, decode-only step time at the most common row count, mixed steps, gaps, switches/step."""
-    decode = [r for r in records if r.num_prefill_tokens == 0]
-    rows = statistics.mode(r.num_decode_rows for r in decode) if decode else 0
-    same = [r.seconds for r in decode if r.num_decode_rows == rows]
-    mixed = [r.seconds for r in records if r.num_prefill_tokens]
-    return {
-        "steps_per_s": len(records) / seconds,
-        "busy": sum(r.seconds for r in records) / seconds,
-        "decode_rows": rows,
-        "decode_step_ms": statistics.median(same) * 1e3 if same else float("nan"),
-        "mixed_step_ms": statistics.median(mixed) * 1e3 if mixed else float("nan"),
-        "gap_ms": statistics.fmean(r.gap_seconds for r in records[1:]) * 1e3 if len(records) > 1 else 0.0,
-        "switches_per_step": switches / max(1, len(records)),
-    }
 
 
 def run_child(args: argparse.Namespace) -> dict:
