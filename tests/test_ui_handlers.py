@@ -323,13 +323,23 @@ def test_benchmark_of_embedded_engine_that_is_not_running(ctx):
     assert is_error(outputs[0], "not running"), outputs[0]
 
 
-COMPARE = dict(chosen=["embedded"], url="", dataset="chat", num_prompts=4, concurrency=2, output_len=8)
+COMPARE = dict(
+    chosen=["embedded"],
+    url="",
+    dataset="chat",
+    num_prompts=4,
+    concurrency=2,
+    input_len=64,
+    output_len=8,
+    seed=0,
+)
 
 
 @pytest.mark.parametrize(
     ("field", "value", "words"),
     [
         ("num_prompts", 0, ["requests"]),
+        ("seed", -1, ["seed", ">= 0"]),
         ("chosen", ["embedded"], ["at least two targets"]),
         ("chosen", ["embedded", "vllm"], ["vllm is not running"]),
     ],

@@ -33,6 +33,7 @@ def embedded_target(ctx: AppContext):
         pids=lambda: [os.getpid()],  # this app's process: the engine and the UI together
         block_size=stats.block_size if (stats := ctx.holder.stats()) is not None else 16,
         planned=planned(req),
+        tokenizer=config.model,
     )
 
 
@@ -61,7 +62,7 @@ def targets(ctx: AppContext, chosen: list[str], url: str) -> list:
 
 def run(ctx: AppContext, form: dict[str, Any], progress: Any = None) -> tuple:
     """(message, table, throughput chart, latency chart, KV chart, report files) for the form."""
-    from backend.bench.compare import Workload, run_compare
+    from backend.bench.compare import Workload, run_compare, with_target_tokenizer
     from backend.bench.compare_report import figures, table_html, write_report
 
     skip = (gr.skip(),) * 5
@@ -70,10 +71,13 @@ def run(ctx: AppContext, form: dict[str, Any], progress: Any = None) -> tuple:
             dataset=form["dataset"],
             num_prompts=required_int(form["num_prompts"], "requests"),
             max_concurrency=required_int(form["concurrency"], "max concurrency"),
+            input_len=required_int(form["input_len"], "input tokens"),
             output_len=required_int(form["output_len"], "output tokens"),
+            seed=required_int(form["seed"], "seed", minimum=0),
             timeout_s=300.0,
         )
         chosen_targets = targets(ctx, form["chosen"], form["url"])
+        workload = with_target_tokenizer(workload, chosen_targets)  # `random`: as `app.py compare` sends it
     except ValueError as exc:
         return (error_message(describe(exc)), *skip)
 
@@ -112,7 +116,10 @@ def build(ctx: AppContext) -> None:
                     16, label="Requests", precision=0, minimum=1, elem_id="compare-requests"
                 )
                 form["concurrency"] = gr.Number(4, label="Max concurrency", precision=0, minimum=1)
+            with gr.Row():
+                form["input_len"] = gr.Number(256, label="Input tokens", precision=0, minimum=1)
                 form["output_len"] = gr.Number(64, label="Output tokens", precision=0, minimum=1)
+                form["seed"] = gr.Number(0, label="Seed", precision=0, minimum=0)
             start = gr.Button("Compare", variant="primary", elem_id="compare-run")
             message = gr.HTML(elem_id="compare-message")
             files = gr.File(label="Report (JSON, standalone HTML)", file_count="multiple")

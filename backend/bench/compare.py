@@ -32,6 +32,7 @@ class CompareTarget:
     block_size: int = 16
     planned: dict = field(default_factory=dict)  # planner: weights_bytes, kv_bytes_per_token, kv_cache_tokens
     detail: str = ""  # how it ran (vLLM: compiled or eager, its thread binding), for the report
+    tokenizer: str | None = None  # the model it serves (folder, .gguf or Hub id) when known; None: a URL
 
 
 @dataclass(slots=True)
@@ -64,6 +65,13 @@ class Workload:
             ignore_eos=self.ignore_eos,
             tokenizer=self.tokenizer,
         )
+
+
+def with_target_tokenizer(workload: Workload, targets: list[CompareTarget]) -> Workload:
+    """workload with the tokenizer of the model the first target that knows it serves, as the Compare tab
+    runs it: `random` prompts are then token ids (vLLM's random dataset, the prompts `app.py compare` sends
+    for the same seed and lengths); with only URLs, runs of corpus words."""
+    return replace(workload, tokenizer=next((t.tokenizer for t in targets if t.tokenizer), None))
 
 
 def split_runs(

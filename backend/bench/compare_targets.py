@@ -137,6 +137,7 @@ def server_target(server: ManagedServer, req: PlanRequest | None = None, detail:
         block_size=req.block_size if req else 16,
         planned=planned(req) if req else {},
         detail=detail,
+        tokenizer=req.model if req else None,
     )
 
 

@@ -1,0 +1,89 @@
+"""The Compare tab's handler and `app.py compare` send the same prompts for one workload: with the dataset
+"random" both send vLLM's random token-id prompts of the served model's tokenizer, exactly input_len tokens
+each. Both run for real against the app's own API (a real server over a tiny random Llama in the engine
+holder), the tab as the embedded engine beside that API's URL, the CLI with two URLs of it."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from backend.bench.datasets import SampleRequest, load_tokenizer, sample_requests
+from backend.bench.serve import BenchConfig
+from backend.engine.config import EngineConfig
+from backend.server import build_app
+from backend.server.engine_holder import EngineHolder
+from tests.common_utils import ROOT
+from tests.engine_utils import tiny_model
+from tests.server_utils import RunningServer
+from ui import compare_tab
+from ui.common import AppContext
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+WORKLOAD = dict(num_prompts=4, concurrency=2, input_len=24, output_len=4, seed=3)
+
+
+@pytest.fixture(scope="module")
+def app_api():
+    """(AppContext, URL): the engine holder running a tiny model, served as the app serves it."""
+    model = tiny_model("llama")[0]
+    holder = EngineHolder()
+    status = holder.launch(
+        EngineConfig(model=model, dtype="float32", device="cpu", kv_cache_memory_bytes=8 << 20)
+    )
+    assert status.state == "ready", status.error
+    server = RunningServer(build_app(engine_provider=holder.get))
+    yield AppContext(holder, model, f"{server.url}/v1"), server.url
+    server.stop()
+    holder.shutdown()
+
+
+def sent_prompts(report: dict) -> dict[str, list[SampleRequest]]:
+    """target -> the prompts its run sent (the requests of the bench config the report records)."""
+    prompts = {}
+    for target, result in report["results"].items():
+        config = BenchConfig(**(result["config"] | {"request_rate": math.inf}))
+        prompts[target] = sample_requests(config)
+    return prompts
+
+
+def cli_report(url: str, model: str, out: Path) -> dict:
+    command = [sys.executable, "app.py", "compare", "--target", f"{url}/v1", "--target", url]
+    command += ["--model", model, "--dataset", "random", "--out", str(out)]
+    command += [
+        "--num-prompts",
+        str(WORKLOAD["num_prompts"]),
+        "--max-concurrency",
+        str(WORKLOAD["concurrency"]),
+    ]
+    command += ["--input-len", str(WORKLOAD["input_len"]), "--output-len", str(WORKLOAD["output_len"])]
+    command += ["--seed", str(WORKLOAD["seed"])]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads((out / "compare.json").read_text())
+
+
+@pytest.mark.slow
+def test_tab_sends_the_random_token_prompts_the_cli_sends(app_api, tmp_path):
+    ctx, url = app_api
+    form = dict(chosen=[compare_tab.EMBEDDED], url=f"{url}/v1", dataset="random", **WORKLOAD)
+    message, *_, files = compare_tab.run(ctx, form)
+    assert "msg-error" not in message, message
+    tab = json.loads(Path(next(f for f in files if f.endswith(".json"))).read_text())
+    cli = cli_report(url, ctx.default_model, tmp_path)
+    assert tab["workload"]["tokenizer"] == cli["workload"]["tokenizer"] == ctx.default_model
+    tab_prompts, cli_prompts = sent_prompts(tab), sent_prompts(cli)
+    assert list(tab_prompts) == [compare_tab.EMBEDDED, f"{url}/v1"]
+    reference = cli_prompts[url]
+    assert all(prompts == reference for prompts in [*tab_prompts.values(), *cli_prompts.values()])
+    tokenizer = load_tokenizer(ctx.default_model)
+    assert len({r.prompt for r in reference}) == WORKLOAD["num_prompts"]
+    for request in reference:  # token ids of the model's tokenizer, not corpus words
+        assert len(tokenizer(request.prompt, add_special_tokens=False)["input_ids"]) == WORKLOAD["input_len"]
+    for result in [*tab["results"].values(), *cli["results"].values()]:  # as the server counted them
+        assert result["input_lens"] == [WORKLOAD["input_len"]] * WORKLOAD["num_prompts"], result["errors"]
