@@ -6,7 +6,8 @@ batched into one fp32 scaled_dot_product_attention over their gathered, padded K
 of a GQA group as the query rows of their KV head (no KV repeat); each prefill chunk attends to its cached
 prefix plus itself with a causal mask. Masks and gather buffers are built once per step, for all layers.
 On the CPU, decodes go instead to a native kernel (cpu_kernels.py) that reads the pool in place through
-the block tables: no gather, no padding to the longest context, no fp32 copy (several times faster).
+the block tables: no gather, no padding to the longest context, no fp32 copy (several times faster); and
+all prefill chunks of the step go to another in one call (varlen, causal, cached prefixes read in place).
 An fp8 pool (kv_cache_dtype="fp8") stores k / k_scale and v / v_scale, clamped to the type's range and
 rounded to nearest even, and every reader multiplies the scale back (vLLM's per-layer k_scale / v_scale,
 1.0 unless a checkpoint gives them); the PyTorch paths upcast what they gather, the kernel reads fp8.
@@ -32,6 +33,15 @@ class PrefillChunk:
 
 
 @dataclass(slots=True)
+class PrefillKernelInputs:
+    """The step's prefill chunks as the CPU prefill kernel reads them (vLLM's names)."""
+
+    query_start_loc: torch.Tensor  # [num_chunks + 1] int64: chunk i's rows are [i] .. [i + 1] - 1
+    seq_lens: torch.Tensor  # [num_chunks] int64: cached prefix + chunk, the keys each chunk attends to
+    block_tables: torch.Tensor  # [num_chunks, max_blocks] int64, padded with block 0
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] flat slot in the pool for each token's K/V
     positions: torch.Tensor  # [num_tokens] int64 position of each token in its sequence
@@ -41,6 +51,7 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] for the CPU kernel, else None
     decode_context_lens: torch.Tensor | None  # [num_decodes]
     prefills: list[PrefillChunk]
+    prefill_kernel: PrefillKernelInputs | None  # the chunks for the CPU kernel (then prefills is empty)
     gather_buffers: tuple[torch.Tensor, torch.Tensor] | None  # flat scratch for gathered K and V
 
 
@@ -122,6 +133,8 @@ def paged_attention(
         )
         o = F.scaled_dot_product_attention(query, keys, values, attn_mask=meta.decode_mask, scale=scale)
         out[:b] = o.reshape(b, num_heads, head_dim)
+    if meta.prefill_kernel is not None:
+        cpu_kernels.paged_prefill_attention(q, k_cache, v_cache, meta.prefill_kernel, scale, out, kv_scales)
     for chunk in meta.prefills:
         query = q[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         if chunk.mask is None:  # the whole context is in this chunk: plain causal attention

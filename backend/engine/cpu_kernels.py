@@ -1,5 +1,5 @@
-"""The engine's native CPU kernels (csrc/): paged decode attention, RMSNorm, SiLU-and-multiply and a
-bf16 matrix-vector product for small batches.
+"""The engine's native CPU kernels (csrc/): paged decode and prefill attention, RMSNorm, SiLU-and-multiply
+and a bf16 matrix-vector product for small batches.
 
 They are compiled on first use with the system C++ compiler (a few seconds: no torch headers) into a cache
 folder keyed by the sources, the flags and the CPU, and called through ctypes with raw pointers. They link
@@ -9,7 +9,8 @@ failure (no compiler, a cache folder that cannot be written or executed from, a 
 times out, a library that does not load). A cached library is loaded only when it and its folder belong
 to the current user and nobody else may write them; otherwise it is rebuilt (or the build is skipped).
 Set PLAYGROUND_CPU_KERNELS=0 to force the pure-PyTorch paths, PLAYGROUND_CPU_KERNELS_MARCH to build
-for another -march than native (haswell: the AVX2 paths; x86-64: the plain C++ ones).
+for another -march than native (haswell: the AVX2 paths; x86-64: the plain C++ ones),
+PLAYGROUND_PREFILL_ATTENTION=0 to keep PyTorch's attention for prefill chunks only.
 """
 
 from __future__ import annotations
@@ -25,13 +26,17 @@ import subprocess
 import tempfile
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:  # attention.py imports this module
+    from backend.engine.attention import PrefillKernelInputs
 
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("paged_attention.cpp", "layers.cpp", "quantized.cpp", "packed_rows.cpp")]
-SOURCES += [CSRC / "gemm_bf16.cpp"]
+SOURCES += [CSRC / "gemm_bf16.cpp", CSRC / "prefill_attention.cpp"]
 FLAGS = ["-O3", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 BUILD_TIMEOUT_S = 300  # a cold build takes seconds; a hung compiler must not hang the engine's start
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -39,6 +44,7 @@ CACHE_SUFFIX = {torch.float8_e4m3fn: "_fp8_e4m3", torch.float8_e5m2: "_fp8_e5m2"
 PTR, INT, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
     "paged_decode_attention": [PTR] * 6 + [INT] * 8 + [FLOAT] * 2,
+    "paged_prefill_attention": [PTR] * 7 + [INT] * 8 + [FLOAT] * 2,
     "rope_and_cache": [PTR] * 7 + [INT] * 5 + [FLOAT] * 3,
     "rms_norm": [PTR, PTR, PTR, INT, INT, FLOAT],
     "add_rms_norm": [PTR] * 5 + [INT, INT, FLOAT],
@@ -152,7 +158,7 @@ def _open(path: Path) -> ctypes.CDLL:
             for suffix in SUFFIX.values():
                 getattr(library, f"{name}_{suffix}").argtypes = argtypes
                 getattr(library, f"{name}_{suffix}").restype = None
-        for name in ("paged_decode_attention", "rope_and_cache"):
+        for name in ("paged_decode_attention", "paged_prefill_attention", "rope_and_cache"):
             for suffix in SUFFIX.values():
                 for cache_suffix in CACHE_SUFFIX.values():
                     getattr(library, f"{name}_{suffix}{cache_suffix}").argtypes = SIGNATURES[name]
@@ -173,6 +179,7 @@ def _open(path: Path) -> ctypes.CDLL:
         library.gemm_bf16.restype = None
         library.gemm_bf16_available.restype = ctypes.c_int
         library.quant_vector_width.restype = ctypes.c_int
+        library.prefill_attention_bf16_dot.restype = ctypes.c_int
         library.packed_bf16_dot.restype = ctypes.c_int
         library.quant_gemm_max_rows.restype = ctypes.c_int
         if library.quant_gemm_max_rows():
@@ -204,6 +211,12 @@ def supports(device: torch.device, dtype: torch.dtype) -> bool:
     if os.environ.get("PLAYGROUND_CPU_KERNELS", "1") == "0":
         return False
     return device.type == "cpu" and dtype in SUFFIX and load_library() is not None
+
+
+def prefill_attention_enabled(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether prefill chunks take paged_prefill_attention (read when an engine starts): wherever the
+    kernels serve, unless PLAYGROUND_PREFILL_ATTENTION=0 keeps PyTorch's attention per chunk (A/B runs)."""
+    return os.environ.get("PLAYGROUND_PREFILL_ATTENTION", "1") != "0" and supports(device, dtype)
 
 
 def paged_decode_attention(
@@ -238,6 +251,46 @@ def paged_decode_attention(
         scale * kv_scales[0],
         kv_scales[1],
     )
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,  # [T, H, D], heads contiguous (any token stride)
+    k_cache: torch.Tensor,  # [KVH, num_blocks, block_size, D]: every chunk's keys already written
+    v_cache: torch.Tensor,
+    meta: PrefillKernelInputs,
+    scale: float,
+    out: torch.Tensor,  # [T, H, D], contiguous: the chunks' rows written
+    kv_scales: tuple[float, float] = (1.0, 1.0),  # an fp8 pool's (k_scale, v_scale)
+) -> None:
+    """Causal attention of every prefill chunk of a step in one call (csrc/prefill_attention.cpp)."""
+    kv_heads, num_blocks, block_size, head_dim = k_cache.shape
+    assert q.stride(2) == 1 and q.stride(1) == head_dim and out.is_contiguous()
+    name = f"paged_prefill_attention_{SUFFIX[q.dtype]}{CACHE_SUFFIX.get(k_cache.dtype, '')}"
+    getattr(load_library(), name)(
+        q.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        meta.block_tables.data_ptr(),
+        meta.query_start_loc.data_ptr(),
+        meta.seq_lens.data_ptr(),
+        out.data_ptr(),
+        meta.seq_lens.shape[0],
+        q.shape[1],
+        kv_heads,
+        head_dim,
+        num_blocks,
+        block_size,
+        meta.block_tables.shape[1],
+        q.stride(0),
+        scale * kv_scales[0],
+        kv_scales[1],
+    )
+
+
+def prefill_attention_bf16_dot() -> bool:
+    """Whether the prefill kernel's products take VDPBF16PS for bf16 activations in this build."""
+    library = load_library()
+    return library is not None and library.prefill_attention_bf16_dot() == 1
 
 
 def rope_and_cache(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from backend.engine import cpu_kernels
-from backend.engine.attention import AttentionMetadata, PrefillChunk, pool_rows
+from backend.engine.attention import AttentionMetadata, PrefillChunk, PrefillKernelInputs, pool_rows
 from backend.engine.config import KV_CACHE_DTYPES
 from backend.engine.models.llama import LlamaForCausalLM
 from backend.engine.scheduler import ScheduledSeq
@@ -73,6 +73,7 @@ class ModelRunner:
             for _ in range(args.num_layers)
         ]
         self.decode_kernel = cpu_kernels.supports(self.device, self.dtype)
+        self.prefill_kernel = cpu_kernels.prefill_attention_enabled(self.device, self.dtype)
 
     @staticmethod
     def bytes_per_block(model: LlamaForCausalLM, block_size: int, kv_cache_dtype: str = "auto") -> int:
@@ -103,7 +104,12 @@ class ModelRunner:
         ordered = decodes + prefills
         inputs = self.prepare_inputs(ordered)
         num_decode_rows = sum(s.num_new_tokens for s in decodes)
-        chunks, prefill_blocks = self.prepare_prefill(prefills, first_row=num_decode_rows)
+        chunks: list[PrefillChunk] = []
+        prefill_blocks, kernel_inputs = 0, None
+        if self.prefill_kernel and prefills:
+            kernel_inputs = self.prepare_prefill_kernel(prefills, first_row=num_decode_rows)
+        elif prefills:
+            chunks, prefill_blocks = self.prepare_prefill(prefills, first_row=num_decode_rows)
         meta = AttentionMetadata(
             slot_mapping=int64_tensor(inputs.slots, self.device),
             positions=int64_tensor(inputs.positions, self.device),
@@ -113,6 +119,7 @@ class ModelRunner:
             decode_block_tables=None,
             decode_context_lens=None,
             prefills=chunks,
+            prefill_kernel=kernel_inputs,
             gather_buffers=None,
         )
         decode_blocks = self.prepare_decode(decodes, meta) if decodes else 0
@@ -156,6 +163,22 @@ class ModelRunner:
             chunks.append(PrefillChunk(row, row + item.num_new_tokens, start, rows, mask))
             row += item.num_new_tokens
         return chunks, gather_blocks
+
+    def prepare_prefill_kernel(self, prefills: list[ScheduledSeq], first_row: int) -> PrefillKernelInputs:
+        """The chunks' rows, context lengths and block tables (padded with block 0) for the CPU kernel."""
+        starts, seq_lens, tables = [first_row], [], []
+        for item in prefills:
+            starts.append(starts[-1] + item.num_new_tokens)
+            seq_lens.append(item.seq.num_computed_tokens + item.num_new_tokens)
+        max_blocks = -(-max(seq_lens) // self.block_size)
+        for item in prefills:
+            table = item.seq.block_table[:max_blocks]
+            tables += table + [0] * (max_blocks - len(table))
+        return PrefillKernelInputs(
+            query_start_loc=int64_tensor(starts, self.device),
+            seq_lens=int64_tensor(seq_lens, self.device),
+            block_tables=int64_tensor(tables, self.device).view(len(prefills), max_blocks),
+        )
 
     def prepare_decode(self, decodes: list[ScheduledSeq], meta: AttentionMetadata) -> int:
         """Fill meta's decode fields, one row per token (a draft's context ends at the draft): padded block

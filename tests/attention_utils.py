@@ -1,0 +1,97 @@
+"""Helpers for the prefill-attention kernel tests (no tests here): a step's prefill chunks over a random,
+shuffled KV pool, and the fp64 reference they are checked against."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from backend.engine.attention import PrefillKernelInputs, from_cache, to_cache
+
+CPUINFO = Path("/proc/cpuinfo")
+CPU_FLAGS = next(
+    (
+        line.split()
+        for line in (CPUINFO.read_text() if CPUINFO.exists() else "").splitlines()
+        if line.startswith("flags")
+    ),
+    [],
+)
+# (new tokens, cached prefix) per chunk: no prefix, one-token chunks, prefixes ending mid-block, a chunk
+# longer than the kernel's key tile of 64 and query tile, lengths around block boundaries
+CHUNKS = ((70, 0), (1, 0), (5, 35), (33, 67), (130, 170), (17, 0), (1, 40))
+
+
+@dataclass
+class PrefillCase:
+    q: torch.Tensor  # [T, H, D], a view into fused qkv rows (token stride (H + 2 * KVH) * D)
+    k_cache: torch.Tensor  # [KVH, num_blocks, block_size, D]
+    v_cache: torch.Tensor
+    inputs: PrefillKernelInputs
+    kv_scales: tuple[float, float]
+
+    @property
+    def scale(self) -> float:
+        return self.q.shape[-1] ** -0.5
+
+    @property
+    def rows(self) -> tuple[int, int]:
+        """The first and past-the-last rows of the chunks (rows outside are decode rows, not written)."""
+        starts = self.inputs.query_start_loc
+        return int(starts[0]), int(starts[-1])
+
+
+def prefill_case(
+    dtype: torch.dtype,
+    shape: tuple[int, int, int],  # (num_heads, num_kv_heads, head_dim)
+    block_size: int,
+    chunks: tuple[tuple[int, int], ...] = CHUNKS,
+    kv_dtype: torch.dtype | None = None,  # an fp8 pool, with k_scale 0.5 and v_scale 2.0
+    seed: int = 0,
+) -> PrefillCase:
+    heads, kv_heads, head_dim = shape
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = sum(-(-(n + cached) // block_size) for n, cached in chunks) + 3
+    pool_shape = (kv_heads, num_blocks, block_size, head_dim)
+    keys, values = torch.randn(pool_shape, generator=gen), torch.randn(pool_shape, generator=gen)
+    kv_scales = (1.0, 1.0) if kv_dtype is None else (0.5, 2.0)
+    caches = []
+    for x, scale in zip((keys, values), kv_scales, strict=True):
+        cache = torch.empty(pool_shape, dtype=kv_dtype or dtype)
+        cache.view(torch.uint8 if kv_dtype else dtype).copy_(to_cache(x.to(dtype), cache, scale))
+        caches.append(cache)
+    free = torch.randperm(num_blocks, generator=gen).tolist()  # each sequence's blocks scattered
+    max_blocks = max(-(-(n + cached) // block_size) for n, cached in chunks)
+    starts, seq_lens, tables = [3], [], []  # rows 0-2: decode rows, left alone
+    for n, cached in chunks:
+        starts.append(starts[-1] + n)
+        seq_lens.append(n + cached)
+        table = [free.pop() for _ in range(-(-(n + cached) // block_size))]
+        tables.append(table + [0] * (max_blocks - len(table)))
+    qkv = torch.randn(starts[-1] + 2, heads + 2 * kv_heads, head_dim, generator=gen).to(dtype)
+    inputs = PrefillKernelInputs(torch.tensor(starts), torch.tensor(seq_lens), torch.tensor(tables))
+    return PrefillCase(qkv[:, :heads], caches[0], caches[1], inputs, kv_scales)
+
+
+def reference_prefill(case: PrefillCase, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Each chunk's causal SDPA over its gathered cached prefix and its own keys ([rows, H, D] in dtype;
+    float64: the reference, bfloat16: what torch's bf16 attention computes)."""
+    kv_heads, _, block_size, head_dim = case.k_cache.shape
+    starts, outs = case.inputs.query_start_loc.tolist(), []
+    for i, length in enumerate(case.inputs.seq_lens.tolist()):
+        n = starts[i + 1] - starts[i]
+        blocks = case.inputs.block_tables[i, : -(-length // block_size)]
+        gathered = []
+        for cache, scale in zip((case.k_cache, case.v_cache), case.kv_scales, strict=True):
+            x = cache[:, blocks].reshape(kv_heads, -1, head_dim)[:, :length]
+            gathered.append(from_cache(x, scale, dtype))  # fp8 values times 0.5 or 2: exact in any float
+        query = case.q[starts[i] : starts[i + 1]].to(dtype).transpose(0, 1)[None]
+        mask = torch.arange(length)[None, :] <= torch.arange(length - n, length)[:, None]
+        o = F.scaled_dot_product_attention(
+            query, gathered[0][None], gathered[1][None], attn_mask=mask, scale=case.scale, enable_gqa=True
+        )
+        outs.append(o[0].transpose(0, 1))
+    return torch.cat(outs)
