@@ -3,12 +3,15 @@
     python -m backend.bench.kernel_bench                         # SmolLM2-135M's shapes, 64 and 1 rows
     python -m backend.bench.kernel_bench --rows 64 1 --context 160 --threads 2 --repeat 200
     python -m backend.bench.kernel_bench --only gemm --rows 1 4 16 32 64 128 --threads 1   # GEMMs alone
+    python -m backend.bench.kernel_bench --only prefill --rows 2048 --chunk 256 --threads 2   # attention
 
 Random tensors, no model loaded: each line is the median time of one call (microseconds) over --repeat
 calls after a few warm-up ones, so a kernel's change shows without the noise of a whole decode step.
 The GEMM lines (--only gemm) put oneDNN's packed bf16 GEMM (what Linear runs without gemm_bf16) beside
 gemm_bf16 at each projection's shape; their weights rotate through copies of about 150 MB (5x the L3
-cache here), so they come from DRAM as in a decode step.
+cache here), so they come from DRAM as in a decode step. The prefill lines (--only prefill) put the
+native prefill attention of one layer beside what the PyTorch path runs (SDPA per chunk; with a cached
+prefix, the blocks gathered and a mask), for rows tokens in chunks of --chunk (x30 layers: a step's).
 """
 
 from __future__ import annotations
@@ -121,6 +124,61 @@ def gemm_cases(args: argparse.Namespace, rows: int) -> dict[str, Callable[[], ob
     return out
 
 
+def prefill_cases(args: argparse.Namespace, rows: int) -> dict[str, Callable[[], object]]:
+    """One layer's attention for a prefill step of rows tokens in chunks of args.chunk, each chunk alone or
+    after a cached prefix of args.chunk tokens: the native kernel beside the PyTorch path's calls."""
+    import torch
+
+    from backend.engine import cpu_kernels
+    from backend.engine.attention import PrefillKernelInputs, paged_attention
+
+    gen = torch.Generator().manual_seed(0)
+    heads, kv_heads, D, block_size, n = args.heads, args.kv_heads, args.head_dim, 16, args.chunk
+    num_chunks, blocks_per_seq = rows // n, -(-2 * n // block_size)
+    num_blocks = num_chunks * blocks_per_seq + 1
+    k_cache = torch.randn(kv_heads, num_blocks, block_size, D, generator=gen).bfloat16()
+    v_cache = torch.randn(kv_heads, num_blocks, block_size, D, generator=gen).bfloat16()
+    tables = torch.randperm(num_blocks - 1, generator=gen)[: num_chunks * blocks_per_seq] + 1
+    tables = tables.view(num_chunks, blocks_per_seq)
+    qkv = torch.randn(num_chunks * n, (heads + 2 * kv_heads) * D, generator=gen).bfloat16()
+    q, k, v = qkv.view(num_chunks * n, -1, D).split([heads, kv_heads, kv_heads], dim=1)
+    scale, out = D**-0.5, {}
+    for cached in (0, n):
+        starts = torch.arange(0, num_chunks * n + 1, n)
+        kernel = PrefillKernelInputs(starts, torch.full((num_chunks,), cached + n), tables)
+        meta = torch_prefill_metadata(tables, k_cache, n, cached)
+        label = f"{num_chunks}x{n}" + (f" +{cached} cached" if cached else "")
+        out[f"prefill attention {label} native"] = functools.partial(
+            cpu_kernels.paged_prefill_attention, q, k_cache, v_cache, kernel, scale, torch.empty_like(q)
+        )
+        out[f"prefill attention {label} torch"] = functools.partial(
+            paged_attention, q, k, v, k_cache, v_cache, meta, scale
+        )
+    return out
+
+
+def torch_prefill_metadata(tables: Any, k_cache: Any, n: int, cached: int) -> Any:
+    """AttentionMetadata of chunks of n tokens after cached ones, as ModelRunner.prepare_prefill builds it."""
+    import torch
+
+    from backend.engine.attention import AttentionMetadata, PrefillChunk, pool_rows
+
+    chunks = []
+    kv_heads, num_blocks, block_size, head_dim = k_cache.shape
+    for i, table in enumerate(tables.tolist()):
+        if not cached:
+            chunks.append(PrefillChunk(i * n, (i + 1) * n, 0, None, None))
+            continue
+        mask = torch.arange(cached + n)[None, :] <= torch.arange(cached, cached + n)[:, None]
+        used = table[: -(-(cached + n) // block_size)]
+        rows = pool_rows(used, kv_heads, num_blocks, mask.device)
+        chunks.append(PrefillChunk(i * n, (i + 1) * n, cached, rows, mask))
+    size = tables.shape[1] * kv_heads * block_size * head_dim
+    buffers = (torch.empty(size, dtype=torch.bfloat16), torch.empty(size, dtype=torch.bfloat16))
+    empty = torch.empty(0, dtype=torch.int64)
+    return AttentionMetadata(empty, empty, 0, None, None, None, None, chunks, None, buffers)
+
+
 def _onednn_gemm(linear: Callable[..., object], x: Any, weights: Iterator[Any]) -> object:
     return linear(x, next(weights), None, "none", [], "")
 
@@ -143,7 +201,11 @@ def main(args: argparse.Namespace) -> int:
     torch.set_grad_enabled(False)
     for rows in args.rows:
         print(f"\n{rows} rows (median of {args.repeat} calls){'':<12}wall us    CPU us")
-        chosen = cases(args, rows) | (gemm_cases(args, rows) if args.only and "gemm" in args.only else {})
+        only = set(args.only or ())
+        chosen = {} if only == {"prefill"} else cases(args, rows)
+        chosen |= (gemm_cases(args, rows) if "gemm" in only else {}) | (
+            prefill_cases(args, rows) if "prefill" in only else {}
+        )
         for name, fn in chosen.items():
             if args.only and not any(word in name for word in args.only):
                 continue
@@ -160,6 +222,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--only", nargs="*", help="only the cases whose name holds one of these words")
+    parser.add_argument("--chunk", type=int, default=256, help="tokens per prefill chunk (--only prefill)")
     parser.add_argument("--hidden", type=int, default=576)
     parser.add_argument("--intermediate", type=int, default=1536)
     parser.add_argument("--heads", type=int, default=9)
