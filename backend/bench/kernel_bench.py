@@ -142,7 +142,8 @@ def prefill_cases(args: argparse.Namespace, rows: int) -> dict[str, Callable[[],
     tables = tables.view(num_chunks, blocks_per_seq)
     qkv = torch.randn(num_chunks * n, (heads + 2 * kv_heads) * D, generator=gen).bfloat16()
     q, k, v = qkv.view(num_chunks * n, -1, D).split([heads, kv_heads, kv_heads], dim=1)
-    scale, out = D**-0.5, {}
+    scale = D**-0.5
+    out: dict[str, Callable[[], object]] = {}
     for cached in (0, n):
         starts = torch.arange(0, num_chunks * n + 1, n)
         kernel = PrefillKernelInputs(starts, torch.full((num_chunks,), cached + n), tables)

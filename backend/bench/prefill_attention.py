@@ -66,10 +66,9 @@ def main(args: argparse.Namespace) -> int:
             print(
                 f"round {round_index} {label}: {rate:7.0f} prompt tok/s; steps {seconds} s; load {load:.2f}"
             )
-    native, torch_rate = statistics.median(rates[True]), statistics.median(rates[False])
-    print(
-        f"median prompt tok/s: native {native:.0f}, torch {torch_rate:.0f}; ratio {native / torch_rate:.2f}x"
-    )
+    native_rate, torch_rate = statistics.median(rates[True]), statistics.median(rates[False])
+    ratio = native_rate / torch_rate
+    print(f"median prompt tok/s: native {native_rate:.0f}, torch {torch_rate:.0f}; ratio {ratio:.2f}x")
     return 0
 
 
