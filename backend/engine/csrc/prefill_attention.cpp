@@ -140,20 +140,80 @@ struct Shape {
     int64_t num_heads, num_kv_heads, head_dim, padded_dim, num_blocks, block_size, max_blocks;
 };
 
+// Where position p of KV head kvh lies in the pool (element offset of its row)
+inline int64_t pool_row(const int64_t *table, int64_t kvh, int64_t p, const Shape &s) {
+    return ((kvh * s.num_blocks + table[p / s.block_size]) * s.block_size + p % s.block_size) * s.head_dim;
+}
+
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+// rows [16] of 16 x 32-bit lanes transposed in place: four rounds, each swapping one bit of the row index
+// with the same bit of the lane index between row pairs (i, i + bit), two two-source permutes a pair
+inline void transpose16(__m512i *rows) {
+    for (int bit = 1; bit < 16; bit *= 2) {
+        alignas(64) int32_t low[16], high[16];
+        for (int j = 0; j < 16; j++) {
+            low[j] = (j & bit) ? 16 + (j ^ bit) : j;
+            high[j] = (j & bit) ? 16 + j : (j | bit);
+        }
+        const __m512i lo = _mm512_load_si512(low), hi = _mm512_load_si512(high);
+        for (int i = 0; i < 16; i++) {
+            if (i & bit) continue;
+            const __m512i a = rows[i], b = rows[i + bit];
+            rows[i] = _mm512_permutex2var_epi32(a, lo, b);
+            rows[i + bit] = _mm512_permutex2var_epi32(a, hi, b);
+        }
+    }
+}
+
+// pack_tile for a bf16 pool, D % 32 == 0: keys transposed 16 x 16 pairs at a time in registers, values
+// interleaved two rows at a time (vector permutes, not 16-bit moves)
+inline void pack_tile_bf16(const BFloat16 *k_cache, const BFloat16 *v_cache, const int64_t *table, int64_t kvh,
+                           int64_t p0, int64_t n, const Shape &s, BFloat16 *keys, BFloat16 *values) {
+    const int64_t D = s.head_dim, pairs = D / 2;
+    for (int64_t j0 = 0; j0 < KEY_TILE; j0 += 16) {
+        const BFloat16 *rows[16];
+        for (int j = 0; j < 16; j++) rows[j] = j0 + j < n ? k_cache + pool_row(table, kvh, p0 + j0 + j, s) : nullptr;
+        for (int64_t q0 = 0; q0 < pairs; q0 += 16) {  // pairs q0 .. q0 + 15 of keys j0 .. j0 + 15
+            __m512i block[16];
+            for (int j = 0; j < 16; j++) block[j] = rows[j] ? _mm512_loadu_si512(rows[j] + 2 * q0) : _mm512_setzero_si512();
+            transpose16(block);
+            for (int i = 0; i < 16; i++) _mm512_storeu_si512(keys + ((q0 + i) * KEY_TILE + j0) * 2, block[i]);
+        }
+    }
+    alignas(64) int16_t low[32], high[32];
+    for (int i = 0; i < 16; i++) low[2 * i] = i, low[2 * i + 1] = 32 + i, high[2 * i] = 16 + i, high[2 * i + 1] = 48 + i;
+    const __m512i lo = _mm512_load_si512(low), hi = _mm512_load_si512(high);
+    for (int64_t j = 0; j < KEY_TILE; j += 2) {  // rows j, j + 1 interleaved: [j / 2][D][2]
+        const BFloat16 *a = j < n ? v_cache + pool_row(table, kvh, p0 + j, s) : nullptr;
+        const BFloat16 *b = j + 1 < n ? v_cache + pool_row(table, kvh, p0 + j + 1, s) : nullptr;
+        for (int64_t d0 = 0; d0 < D; d0 += 32) {
+            const __m512i x = a ? _mm512_loadu_si512(a + d0) : _mm512_setzero_si512();
+            const __m512i y = b ? _mm512_loadu_si512(b + d0) : _mm512_setzero_si512();
+            BFloat16 *out = values + (j / 2 * D + d0) * 2;
+            _mm512_storeu_si512(out, _mm512_permutex2var_epi16(x, lo, y));
+            _mm512_storeu_si512(out + 32, _mm512_permutex2var_epi16(x, hi, y));
+        }
+    }
+}
+#endif
+
 // Keys [p0, p0 + KEY_TILE) of one (chunk, KV head) as B of the scores product ([padded_dim][KEY_TILE]) and
 // values as B of the output product ([KEY_TILE][padded_dim]); positions past len and columns past D are 0
 template <typename PT, typename C>
 void pack_tile(const C *k_cache, const C *v_cache, const int64_t *table, int64_t kvh, int64_t p0, int64_t len,
                const Shape &s, PT *keys, PT *values) {
     const int64_t D = s.head_dim, Dp = s.padded_dim, n = std::min(KEY_TILE, len - p0);
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+    if constexpr (std::is_same_v<PT, BFloat16> && std::is_same_v<C, BFloat16>) {
+        if (D % 32 == 0) return pack_tile_bf16(k_cache, v_cache, table, kvh, p0, n, s, keys, values);
+    }
+#endif
     if (n < KEY_TILE || D < Dp) {
         std::fill(keys, keys + KEY_TILE * Dp, PT{});
         std::fill(values, values + KEY_TILE * Dp, PT{});
     }
     for (int64_t j = 0; j < n; j++) {
-        const int64_t p = p0 + j;
-        const int64_t row = ((kvh * s.num_blocks + table[p / s.block_size]) * s.block_size + p % s.block_size) * D;
-        const C *k = k_cache + row, *v = v_cache + row;
+        const C *k = k_cache + pool_row(table, kvh, p0 + j, s), *v = v_cache + pool_row(table, kvh, p0 + j, s);
         for (int64_t d = 0; d < D; d++) store(keys[b_index<PT>(d, j, KEY_TILE)], to_float(k[d]));
         for (int64_t d = 0; d < D; d++) store(values[b_index<PT>(j, d, Dp)], to_float(v[d]));
     }
@@ -176,18 +236,23 @@ struct Scratch {
 };
 
 // One row's online-softmax step over a key tile: scores of its first limit keys (scaled) folded into its
-// running max and LANES partial sums, probabilities (0 past limit) into probs, its accumulator rescaled
-// where the max grew. scores is overwritten. Loops over whole tiles with selects, not branches, and int
-// indices (64-bit compares would halve the vector width): they vectorize.
+// running max and LANES partial sums, probabilities (0 from limit to width, the columns its row block
+// computed) into probs, its accumulator rescaled where the max grew. scores is overwritten. Loops of LANES
+// with selects, not branches, and int indices (64-bit compares would halve the vector width): they vectorize.
 template <typename PT>
-void softmax_row(float *scores, int limit, float scale, float &top, float *sum, PT *probs, float *acc,
+void softmax_row(float *scores, int limit, int width, float scale, float &top, float *sum, PT *probs, float *acc,
                  int64_t Dp) {
-    float tile_top = -INFINITY;
-#pragma omp simd reduction(max : tile_top)
-    for (int j = 0; j < int(KEY_TILE); j++) {
-        const float x = j < limit ? scores[j] : -INFINITY;  // past the computed columns too
-        tile_top = x > tile_top ? x : tile_top;
+    float tops[LANES];
+    std::fill(tops, tops + LANES, -INFINITY);
+    for (int j0 = 0; j0 < width; j0 += int(LANES)) {
+#pragma omp simd
+        for (int l = 0; l < int(LANES); l++) {
+            const float x = j0 + l < limit ? scores[j0 + l] : -INFINITY;
+            tops[l] = x > tops[l] ? x : tops[l];
+        }
     }
+    float tile_top = -INFINITY;
+    for (int l = 0; l < int(LANES); l++) tile_top = std::max(tile_top, tops[l]);
     const float new_top = std::max(top, tile_top * scale);  // scale > 0
     const float alpha = new_top == top ? 1.0f : top == -INFINITY ? 0.0f : fast_exp(top - new_top);
     top = new_top;
@@ -197,12 +262,12 @@ void softmax_row(float *scores, int limit, float scale, float &top, float *sum, 
 #pragma omp simd
         for (int64_t d = 0; d < Dp; d++) acc[d] *= alpha;
     }
+    for (int j0 = 0; j0 < width; j0 += int(LANES)) {
 #pragma omp simd
-    for (int j = 0; j < int(KEY_TILE); j++) {
-        const float e = fast_exp(scores[j] * scale - new_top);
-        scores[j] = j < limit ? e : 0.0f;
-    }
-    for (int j0 = 0; j0 < int(KEY_TILE); j0 += int(LANES)) {
+        for (int l = 0; l < int(LANES); l++) {
+            const float e = fast_exp(scores[j0 + l] * scale - new_top);
+            scores[j0 + l] = j0 + l < limit ? e : 0.0f;
+        }
 #pragma omp simd
         for (int l = 0; l < int(LANES); l++) {
             store(probs[j0 + l], scores[j0 + l]);
@@ -247,11 +312,11 @@ void attend_item(const T *q, T *out, const Problem &pb, const Item &item, const 
         for (int64_t r = begin; r < rows; r++) s.limit[r] = std::min(KEY_TILE, first_pos + r / G - p0 + 1);
         for (int64_t m0 = begin; m0 < rows; m0 += MAX_R) {
             const int64_t block = std::min<int64_t>(MAX_R, rows - m0), widest = s.limit[m0 + block - 1];
-            product(&s.query[m0 * Dp], Dp, k, KEY_TILE, &s.scores[m0 * KEY_TILE], KEY_TILE, block,
-                    round_up(widest, COLUMN_UNIT), Dp, false);
+            const int64_t width = round_up(widest, COLUMN_UNIT);  // the key columns this block computes
+            product(&s.query[m0 * Dp], Dp, k, KEY_TILE, &s.scores[m0 * KEY_TILE], KEY_TILE, block, width, Dp, false);
             for (int64_t r = m0; r < m0 + block; r++) {
-                softmax_row(&s.scores[r * KEY_TILE], int(s.limit[r]), pb.scale, s.top[r], &s.sum[r * LANES], &s.probs[r * KEY_TILE],
-                            &s.acc[r * Dp], Dp);
+                softmax_row(&s.scores[r * KEY_TILE], int(s.limit[r]), int(width), pb.scale, s.top[r],
+                            &s.sum[r * LANES], &s.probs[r * KEY_TILE], &s.acc[r * Dp], Dp);
             }
             product(&s.probs[m0 * KEY_TILE], KEY_TILE, v, Dp, &s.acc[m0 * Dp], Dp, block, Dp, round_up(widest, 2),
                     true);
