@@ -3,13 +3,16 @@
     python -m backend.bench.step_profile                       # 64 sequences, 128-token prompts, bf16
     python -m backend.bench.step_profile --model DIR --num-seqs 32 --steps 20 --top 25
     python -m backend.bench.step_profile --model DIR --compare-gemm   # oneDNN vs gemm_bf16, interleaved
+    python -m backend.bench.step_profile --model DIR --prefill-tokens 2048 --prompt-len 256   # prefill steps
 
 Prefills the batch, then times decode steps (the median of --steps, after two untimed ones), splits one
 step into its parts (host-side inputs, the forward pass, sampling, the engine's bookkeeping) with our own
 timers, and prints torch.profiler's per-op table over --profile-steps steps. The CPU model, its flags and
 the kernels the engine picked are printed with every figure (the same step is 3x apart between CPUs).
 --compare-gemm instead runs two engines side by side in one process, one on oneDNN's packed GEMM
-(PLAYGROUND_GEMM_BF16=0), one on the native bf16 GEMM, and alternates their decode steps.
+(PLAYGROUND_GEMM_BF16=0), one on the native bf16 GEMM, and alternates their decode steps (with
+--prefill-tokens, their prefill steps). --prefill-tokens N profiles prefill steps instead: each step is
+N / --prompt-len fresh random prompts prefilled together (max_tokens 1, so every step is all prefill).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ class PartTimer:
         runner = engine.runner
         self._wrap(runner, "prepare_inputs", "host: token ids, positions, slots")
         self._wrap(runner, "prepare_decode", "host: block tables")
+        self._wrap(runner, "prepare_prefill", "host: prefill chunks")
         self._wrap(runner, "run", "forward pass (model + lm_head)")
         self._wrap(engine.sampler, "sample", "sampling")
         self._wrap(engine.scheduler, "schedule", "scheduler")
@@ -87,9 +91,8 @@ class PartTimer:
 
 def label_kernels() -> None:
     """Name our ctypes kernels in torch.profiler's table (it sees only torch ops otherwise)."""
-    import torch
-
     from backend.engine import cpu_kernels
+    from backend.engine.models import llama
 
     names = (
         "paged_decode_attention",
@@ -98,59 +101,110 @@ def label_kernels() -> None:
         "silu_and_mul",
         "linear_bf16_small",
         "gemm_bf16",
+        "add_rms_norm",
     )
     for name in names:
-        inner = getattr(cpu_kernels, name)
-
-        def labelled(*args, _inner=inner, _name=name, **kwargs):
-            with torch.profiler.record_function(f"cpu_kernels.{_name}"):
-                return _inner(*args, **kwargs)
-
-        setattr(cpu_kernels, name, labelled)
+        _label(cpu_kernels, name, f"cpu_kernels.{name}")
+    _label(llama, "paged_attention", "attention (all of it)")
+    _label(llama, "write_kv_cache", "write_kv_cache (PyTorch)")
+    _label(llama.Attention, "forward", "Attention.forward (all of it)")
+    _label(llama.MLP, "forward", "MLP.forward (all of it)")
 
 
-def time_steps(engine, steps: int) -> tuple[list[float], list[float]]:
-    """Wall and process CPU seconds of each of steps decode steps, after two untimed ones. The CPU time
-    is the steadier figure on a shared machine (it excludes time other processes held the cores)."""
-    for _ in range(2):
-        engine.step()
+def _label(owner, name: str, label: str) -> None:
+    import torch
+
+    inner = getattr(owner, name)
+
+    def labelled(*args, **kwargs):
+        with torch.profiler.record_function(label):
+            return inner(*args, **kwargs)
+
+    setattr(owner, name, labelled)
+
+
+class PrefillFeed:
+    """Before each step, adds prefill_tokens / prompt_len fresh random prompts (max_tokens 1), so that every
+    step is a prefill of exactly prefill_tokens tokens whose requests finish in it."""
+
+    def __init__(self, engine, prefill_tokens: int, prompt_len: int) -> None:
+        import random
+
+        from backend.engine import SamplingParams
+
+        self.engine, self.prompts, self.prompt_len = engine, max(1, prefill_tokens // prompt_len), prompt_len
+        self.rng, self.count = random.Random(0), 0
+        self.params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+
+    def __call__(self) -> None:
+        vocab = self.engine.runner.model.args.vocab_size
+        for _ in range(self.prompts):
+            prompt = [self.rng.randrange(100, vocab) for _ in range(self.prompt_len)]
+            self.engine.add_request(f"prefill-{self.count}", prompt, self.params)
+            self.count += 1
+
+
+def time_steps(
+    engine, steps: int, feed: PrefillFeed | None = None, warmup: int = 2
+) -> tuple[list[float], list[float]]:
+    """Wall and process CPU seconds of each of steps steps, after warmup untimed ones (feed adds a prefill
+    step's prompts before each, untimed). The CPU time is the steadier figure on a shared machine (it
+    excludes time other processes held the cores)."""
     wall, cpu = [], []
-    for _ in range(steps):
+    for step in range(steps + warmup):
+        if feed is not None:
+            feed()
         start, start_cpu = time.perf_counter(), time.process_time()
         engine.step()
-        wall.append(time.perf_counter() - start)
-        cpu.append(time.process_time() - start_cpu)
+        if step >= warmup:
+            wall.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
     return wall, cpu
 
 
-def compare_gemm(args: argparse.Namespace, model: str) -> int:
-    """Decode steps of a oneDNN engine and a gemm_bf16 one, alternated step by step (one load for both)."""
+def start_engine(args: argparse.Namespace, model: str):
+    """(engine, feed): an engine whose every step is the profiled one (a decode step of --num-seqs
+    sequences, or a prefill of --prefill-tokens), and what to call before each step."""
     from backend.engine import LLM
 
+    batched = max(args.batched_tokens, args.prefill_tokens)
+    llm = LLM(model, dtype=args.dtype, max_num_seqs=args.num_seqs, max_num_batched_tokens=batched)
+    if args.prefill_tokens:
+        return llm.llm_engine, PrefillFeed(llm.llm_engine, args.prefill_tokens, args.prompt_len)
+    start_batch(llm, args.num_seqs, args.prompt_len)
+    return llm.llm_engine, None
+
+
+def step_name(args: argparse.Namespace) -> tuple[str, int]:
+    """What one profiled step is, and the tokens it computes."""
+    if args.prefill_tokens:
+        prompts = max(1, args.prefill_tokens // args.prompt_len)
+        tokens = prompts * args.prompt_len
+        return f"{tokens}-token prefill step ({prompts} prompts x {args.prompt_len})", tokens
+    return f"{args.num_seqs}-sequence decode step", args.num_seqs
+
+
+def compare_gemm(args: argparse.Namespace, model: str) -> int:
+    """Steps of a oneDNN engine and a gemm_bf16 one, alternated step by step (one load for both)."""
     engines = {}
     for label, switch in (("oneDNN", "0"), ("gemm_bf16", "1")):
         os.environ["PLAYGROUND_GEMM_BF16"] = switch  # read when the model is prepared
-        llm = LLM(
-            model, dtype=args.dtype, max_num_seqs=args.num_seqs, max_num_batched_tokens=args.batched_tokens
-        )
-        start_batch(llm, args.num_seqs, args.prompt_len)
-        engines[label] = llm.llm_engine
+        engines[label] = start_engine(args, model)
     del os.environ["PLAYGROUND_GEMM_BF16"]
     times: dict[str, list[float]] = {label: [] for label in engines}
     cpu: dict[str, list[float]] = {label: [] for label in engines}
-    for step in range(args.steps + 2):
-        for label, engine in engines.items():
-            start, start_cpu = time.perf_counter(), time.process_time()
-            engine.step()
-            if step >= 2:  # two untimed steps each
-                times[label].append(time.perf_counter() - start)
-                cpu[label].append(time.process_time() - start_cpu)
+    for step in range(args.steps + 2):  # two untimed steps each, then one timed step each in turn
+        for label, (engine, feed) in engines.items():
+            wall, cpu_time = time_steps(engine, int(step >= 2), feed, warmup=int(step < 2))
+            times[label] += wall
+            cpu[label] += cpu_time
     medians = {label: statistics.median(t) for label, t in times.items()}
-    print(f"\n{args.num_seqs}-sequence decode step, {args.steps} steps each, alternated")
+    name, tokens = step_name(args)
+    print(f"\n{name}, {args.steps} steps each, alternated")
     for label, t in times.items():
-        median, rate = medians[label] * 1e3, args.num_seqs / medians[label]
-        print(f"  {label:<10} median {median:6.1f} ms ({rate:4.0f} tok/s), min {min(t) * 1e3:6.1f} ms, "
-              f"CPU time {statistics.median(cpu[label]) * 1e3:6.1f} ms")  # fmt: skip
+        median, rate = medians[label] * 1e3, tokens / medians[label]
+        print(f"  {label:<10} median {median:7.1f} ms ({rate:5.0f} tok/s), min {min(t) * 1e3:7.1f} ms, "
+              f"CPU time {statistics.median(cpu[label]) * 1e3:7.1f} ms")  # fmt: skip
     print(f"  gemm_bf16 / oneDNN: {medians['oneDNN'] / medians['gemm_bf16']:.2f}x (medians); "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
     return 0
@@ -160,7 +214,6 @@ def main(args: argparse.Namespace) -> int:
     import torch
 
     from backend.default_model import default_model
-    from backend.engine import LLM
 
     model = args.model or default_model()
     if args.threads:
@@ -169,23 +222,23 @@ def main(args: argparse.Namespace) -> int:
     print(cpu_summary(), flush=True)
     if args.compare_gemm:
         return compare_gemm(args, model)
-    llm = LLM(model, dtype=args.dtype, max_num_seqs=args.num_seqs, max_num_batched_tokens=args.batched_tokens)
-    engine = llm.llm_engine
-    start_batch(llm, args.num_seqs, args.prompt_len)
-    times, cpu = time_steps(engine, args.steps)
-    step = statistics.median(times)
-    print(f"\n{args.num_seqs}-sequence decode step: median {step * 1e3:.1f} ms over {len(times)} steps, "
-          f"{args.num_seqs / step:.0f} tok/s (min {min(times) * 1e3:.1f} ms); CPU time per step "
+    engine, feed = start_engine(args, model)
+    times, cpu = time_steps(engine, args.steps, feed)
+    step, (name, tokens) = statistics.median(times), step_name(args)
+    print(f"\n{name}: median {step * 1e3:.1f} ms over {len(times)} steps, "
+          f"{tokens / step:.0f} tok/s (min {min(times) * 1e3:.1f} ms); CPU time per step "
           f"{statistics.median(cpu) * 1e3:.1f} ms over {torch.get_num_threads()} threads")  # fmt: skip
     parts = PartTimer(engine)
     rounds = 5
-    time_steps(engine, rounds)
+    time_steps(engine, rounds, feed)
     print(f"\nParts of a step (our timers, mean of {rounds + 2} steps)")
     for label, total in sorted(parts.totals.items(), key=lambda kv: -kv[1]):
         print(f"  {label:<40} {total / (rounds + 2) * 1e3:8.2f} ms")
     label_kernels()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(args.profile_steps):
+            if feed is not None:
+                feed()
             engine.step()
     print(f"\ntorch.profiler, {args.profile_steps} steps (times are totals over them)")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
@@ -200,11 +253,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-seqs", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--batched-tokens", type=int, default=2048, help="max_num_batched_tokens")
-    parser.add_argument("--steps", type=int, default=20, help="timed decode steps")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps")
     parser.add_argument("--profile-steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     parser.add_argument("--top", type=int, default=25, help="rows of the per-op table")
     parser.add_argument("--compare-gemm", action="store_true", help="oneDNN vs gemm_bf16 engines, alternated")
+    parser.add_argument(
+        "--prefill-tokens", type=int, default=0, help="profile prefill steps of this many tokens instead"
+    )
 
 
 if __name__ == "__main__":
