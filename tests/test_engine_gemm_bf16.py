@@ -1,7 +1,8 @@
 """The native dense bf16 GEMM (csrc/gemm_bf16.cpp) against the exact product for every tile shape it has
-(1-8 rows x 1-3 panels, columns past a panel's end, bias), on one and two threads; the engine's choice
-of it by CPU features; each instruction-set build keeping oneDNN where the kernel is not built; and a bf16
-engine on it against the same engine on oneDNN, greedy, token by token."""
+(1-6 rows x 1-4 panels, blocks of rows, columns past a panel's end, bias), on one and two threads; its
+SiLU-and-multiply epilogue against the separate kernels, bit for bit; the engine's choice of it by CPU
+features; each instruction-set build keeping oneDNN where the kernel is not built; and a bf16 engine on it
+(MLPs fused) against the same engine on oneDNN, greedy, token by token."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from backend.engine import LLM, SamplingParams, cpu_kernels
-from backend.engine.models.llama import Linear
+from backend.engine.models.llama import MLP, Linear
 from tests.common_utils import ROOT
 from tests.engine_utils import assert_engine_clean, count_identical_within_top5, prompts, tiny_model
 from tests.gemm_utils import within_rounding
@@ -32,7 +33,7 @@ needs_gemm = pytest.mark.skipif(
 @needs_gemm
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("n", "k"), [(16, 2), (200, 96), (49, 1536), (960, 576)])
-@pytest.mark.parametrize("rows", [1, 3, 8, 9, 23, 64, 130])
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 23, 64, 130, 263])
 def test_gemm_within_rounding_of_the_exact_product(rows, n, k, threads):
     gen = torch.Generator().manual_seed(rows * 1000 + n)
     x = torch.randn(rows, k, generator=gen).bfloat16()
@@ -79,6 +80,35 @@ def test_gemm_writes_only_its_columns_and_is_the_same_on_any_thread_count():
     assert torch.equal(widened[:, :n], outs[0].float()) and widened[:, n:].isnan().all()
 
 
+@needs_gemm
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    ("intermediate", "k", "has_bias"), [(16, 64, True), (48, 96, False), (1536, 576, True)]
+)
+@pytest.mark.parametrize("rows", [1, 5, 64, 131])
+def test_fused_silu_and_mul_equals_the_gemm_then_silu_and_mul(rows, intermediate, k, has_bias, threads):
+    """gemm_bf16_silu_and_mul on pack_gate_up's layout rounds as gemm_bf16 followed by silu_and_mul, and
+    the pair is transformers' F.silu(gate) * up of the bf16 projection."""
+    gen = torch.Generator().manual_seed(rows + intermediate)
+    n = 2 * intermediate
+    x = torch.randn(rows, k, generator=gen).bfloat16()
+    weight = (torch.randn(n, k, generator=gen) / k**0.5).bfloat16()
+    bias = torch.randn(n, generator=gen).bfloat16() if has_bias else None
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gate_up = cpu_kernels.gemm_bf16(x, cpu_kernels.gemm_bf16_pack(weight), n, bias)
+        separate = cpu_kernels.silu_and_mul(gate_up)
+        packed, packed_bias = cpu_kernels.pack_gate_up(weight, bias)
+        fused = cpu_kernels.gemm_bf16_silu_and_mul(x, packed, n, packed_bias)
+    finally:
+        torch.set_num_threads(previous)
+    assert fused.shape == (rows, intermediate) and torch.equal(fused, separate)
+    gate, up = gate_up.split(intermediate, dim=-1)
+    reference = F.silu(gate) * up
+    assert ((fused.float() - reference.float()).abs() <= reference.float().abs() * 2.0**-7 + 1e-6).all()
+
+
 def test_amx_cpus_and_the_switch_keep_onednn(monkeypatch):
     built = cpu_kernels.gemm_bf16_enabled()
     monkeypatch.setenv("PLAYGROUND_GEMM_BF16", "0")
@@ -94,7 +124,7 @@ def test_amx_cpus_and_the_switch_keep_onednn(monkeypatch):
 CHECK_BUILD = """
 import torch
 from backend.engine import cpu_kernels
-from backend.engine.models.llama import Linear
+from backend.engine.models.llama import MLP, Linear
 from tests.gemm_utils import within_rounding
 torch.manual_seed(0)
 layer = Linear(96, 40, bias=True).bfloat16()
@@ -147,6 +177,8 @@ def test_bf16_engine_on_the_native_gemm_agrees_with_onednn(monkeypatch):
         llm = LLM(path, dtype="bfloat16", device="cpu", max_num_seqs=len(batch))
         layers = [m for m in llm.llm_engine.runner.model.modules() if isinstance(m, Linear)]
         assert all((m.native_weight is not None) is native for m in layers) and layers
+        mlps = [m for m in llm.llm_engine.runner.model.modules() if isinstance(m, MLP)]
+        assert all(m.fused_silu_and_mul is native for m in mlps) and mlps
         params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=5)
         outs = [out.outputs[0] for out in llm.generate(batch, params)]
         assert_engine_clean(llm)

@@ -177,6 +177,8 @@ def _open(path: Path) -> ctypes.CDLL:
                     getattr(library, f"{name}_{kind}_{suffix}").restype = None
         library.gemm_bf16.argtypes = [PTR] * 4 + [INT] * 5
         library.gemm_bf16.restype = None
+        library.gemm_bf16_silu_and_mul.argtypes = [PTR] * 4 + [INT] * 4
+        library.gemm_bf16_silu_and_mul.restype = None
         library.gemm_bf16_available.restype = ctypes.c_int
         library.quant_vector_width.restype = ctypes.c_int
         library.prefill_attention_bf16_dot.restype = ctypes.c_int
@@ -523,4 +525,39 @@ def gemm_bf16(
     assert lib is not None, "called only where gemm_bf16_enabled() found the library"
     float_out = out_dtype == torch.float32
     lib.gemm_bf16(x.data_ptr(), packed.data_ptr(), bias_ptr, out.data_ptr(), rows, n, k, n, float_out)
+    return out
+
+
+def pack_gate_up(
+    weight: torch.Tensor,  # [2 * I, k] bf16: gate rows, then up rows (I a multiple of GEMM_BF16_PANEL)
+    bias: torch.Tensor | None,  # [2 * I]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A gate_up projection laid out for gemm_bf16_silu_and_mul: gemm_bf16_pack of its rows with gate and
+    up panels in turn (gate rows 16j..16j+15, then the same up rows), and its bias in the same order."""
+    n = weight.shape[0]
+    panels = n // (2 * GEMM_BF16_PANEL)
+    assert n == panels * 2 * GEMM_BF16_PANEL, "I must be a multiple of the panel width"
+
+    def interleave(t: torch.Tensor) -> torch.Tensor:
+        return t.view(2, panels, GEMM_BF16_PANEL, -1).transpose(0, 1).reshape(t.shape)
+
+    packed = gemm_bf16_pack(interleave(weight))
+    return packed, None if bias is None else interleave(bias.view(n, 1)).view(n).contiguous()
+
+
+def gemm_bf16_silu_and_mul(
+    x: torch.Tensor,  # [rows, k] bf16, contiguous
+    packed: torch.Tensor,  # pack_gate_up(weight [n, k])[0]
+    n: int,
+    bias: torch.Tensor | None,  # pack_gate_up's bias [n]
+) -> torch.Tensor:
+    """silu(gate) * up of x @ weight^T + bias: [rows, n / 2] bf16, equal bit for bit to silu_and_mul of
+    gemm_bf16's output (one pass: the [rows, n] product is never stored)."""
+    rows, k = x.shape
+    assert x.is_contiguous() and x.dtype == torch.bfloat16 and packed.shape[1] * 2 == k
+    out = x.new_empty(rows, n // 2)
+    bias_ptr = None if bias is None else bias.data_ptr()
+    lib = load_library()
+    assert lib is not None, "called only where gemm_bf16_enabled() found the library"
+    lib.gemm_bf16_silu_and_mul(x.data_ptr(), packed.data_ptr(), bias_ptr, out.data_ptr(), rows, n, k, n // 2)
     return out

@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "dtypes.h"
+#include "lanes16.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -45,8 +46,54 @@ struct Gemm {
     const BFloat16 *bias;
     void *y;            // BFloat16, or float holding bf16 values (float_out)
     int64_t rows, n, k2, ldy;
-    bool float_out;
+    bool float_out, silu_and_mul;
 };
+
+inline __m512 widen(__m256bh x) {  // bf16 lanes as floats
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)x), 16));
+}
+
+inline __m512 bias16(const Gemm &g, int64_t col, __mmask16 mask) {
+    return g.bias ? load16(g.bias + col, mask) : _mm512_setzero_ps();
+}
+
+// y[row : row + R, columns of panels panel .. panel + V) = acc (+ bias), rounded to bf16 once
+template <int R, int V>
+inline void store(const Gemm &g, const __m512 (&acc)[R][V], int64_t row, int64_t panel) {
+    for (int v = 0; v < V; v++) {
+        const int64_t col = (panel + v) * PANEL;
+        const __mmask16 mask = lanes(g.n - col);
+        const __m512 bias = bias16(g, col, mask);
+        for (int r = 0; r < R; r++) {
+            const __m256i out = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][v], bias));
+            const int64_t at = (row + r) * g.ldy + col;
+            if (g.float_out)  // the bf16 value widened: what torch's .float() of the bf16 output gives
+                _mm512_mask_storeu_epi32(static_cast<float *>(g.y) + at, mask, _mm512_slli_epi32(_mm512_cvtepu16_epi32(out), 16));
+            else
+                _mm256_mask_storeu_epi16(static_cast<BFloat16 *>(g.y) + at, mask, out);
+        }
+    }
+}
+
+// The gate_up projection with SiLU-and-multiply as its epilogue: gate and up panels alternate (panel 2j
+// holds gate columns 16j .. 16j + 15, panel 2j + 1 the same up columns; cpu_kernels.pack_gate_up), and
+// y [rows, n / 2] = silu(gate) * up is rounded step by step as gemm_bf16 then layers.cpp's silu_and_mul
+// round it (gate and up to bf16, silu to bf16, the product), so the fused call equals the two bit for bit.
+template <int R, int V>
+inline void store_silu_and_mul(const Gemm &g, const __m512 (&acc)[R][V], int64_t row, int64_t panel) {
+    for (int v = 0; v + 1 < V; v += 2) {
+        const int64_t col = (panel + v) * PANEL, out_col = col / 2;
+        const __mmask16 mask = lanes(g.n / 2 - out_col);
+        const __m512 gate_bias = bias16(g, col, mask), up_bias = bias16(g, col + PANEL, mask);
+        for (int r = 0; r < R; r++) {
+            const __m512 gate = widen(_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][v], gate_bias)));
+            const __m512 up = widen(_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][v + 1], up_bias)));
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gate));
+            const __m512 silu = round16<BFloat16>(_mm512_div_ps(gate, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+            store16(static_cast<BFloat16 *>(g.y) + (row + r) * g.ldy + out_col, _mm512_mul_ps(silu, up), mask);
+        }
+    }
+}
 
 // y[row : row + R, 16 panel : 16 (panel + V)] over the whole of k, prefetching prefetch_panels panels from
 // prefetch on (a line each a k-pair)
@@ -70,22 +117,10 @@ void tile(const Gemm &g, int64_t row, int64_t panel, const char *prefetch, int p
             for (int v = 0; v < V; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], xb, wv[v]);
         }
     }
-    for (int v = 0; v < V; v++) {
-        const int64_t col = (panel + v) * PANEL, left = g.n - col;
-        const __mmask16 mask = left >= PANEL ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
-        __m512 bias = _mm512_setzero_ps();
-        if (g.bias)
-            bias = _mm512_castsi512_ps(
-                _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, g.bias + col)), 16));
-        for (int r = 0; r < R; r++) {
-            const __m256i out = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][v], bias));
-            const int64_t at = (row + r) * g.ldy + col;
-            if (g.float_out)  // the bf16 value widened: what torch's .float() of the bf16 output gives
-                _mm512_mask_storeu_epi32(static_cast<float *>(g.y) + at, mask, _mm512_slli_epi32(_mm512_cvtepu16_epi32(out), 16));
-            else
-                _mm256_mask_storeu_epi16(static_cast<BFloat16 *>(g.y) + at, mask, out);
-        }
-    }
+    if (g.silu_and_mul)
+        store_silu_and_mul<R, V>(g, acc, row, panel);
+    else
+        store<R, V>(g, acc, row, panel);
 }
 
 using TileFn = void (*)(const Gemm &, int64_t, int64_t, const char *, int);
@@ -122,19 +157,36 @@ void strips(const Gemm &g, int64_t first, int64_t last, int64_t row, int64_t end
     }
 }
 
+// panels [first, last) of g for all rows, a block of rows at a time
+void run(const Gemm &g, int64_t first, int64_t last) {
+    for (int64_t row = 0; row < g.rows; row += ROW_BLOCK) strips(g, first, last, row, std::min(g.rows, row + ROW_BLOCK));
+}
+
 }  // namespace
 
 extern "C" int gemm_bf16_available() { return 1; }
 
 extern "C" void gemm_bf16(const BFloat16 *x, const uint16_t *packed, const BFloat16 *bias, void *y, int64_t rows,
                           int64_t n, int64_t k, int64_t ldy, int64_t float_out) {
-    const Gemm g{x, packed, bias, y, rows, n, k / 2, ldy, float_out != 0};
+    const Gemm g{x, packed, bias, y, rows, n, k / 2, ldy, float_out != 0, false};
     const int64_t panels = (n + PANEL - 1) / PANEL;
 #pragma omp parallel if (panels > 1)
     {
         const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-        const int64_t first = panels * t / threads, last = panels * (t + 1) / threads;
-        for (int64_t row = 0; row < rows; row += ROW_BLOCK) strips(g, first, last, row, std::min(rows, row + ROW_BLOCK));
+        run(g, panels * t / threads, panels * (t + 1) / threads);
+    }
+}
+
+// y [rows, n / 2] (row stride ldy, bf16) = silu(gate) * up of x @ W^T (+ bias) for a gate_up projection
+// packed by cpu_kernels.pack_gate_up (n a multiple of 32): pairs of panels split between the threads
+extern "C" void gemm_bf16_silu_and_mul(const BFloat16 *x, const uint16_t *packed, const BFloat16 *bias,
+                                       BFloat16 *y, int64_t rows, int64_t n, int64_t k, int64_t ldy) {
+    const Gemm g{x, packed, bias, y, rows, n, k / 2, ldy, false, true};
+    const int64_t pairs = n / (2 * PANEL);
+#pragma omp parallel if (pairs > 1)
+    {
+        const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+        run(g, 2 * (pairs * t / threads), 2 * (pairs * (t + 1) / threads));
     }
 }
 
@@ -142,4 +194,6 @@ extern "C" void gemm_bf16(const BFloat16 *x, const uint16_t *packed, const BFloa
 extern "C" int gemm_bf16_available() { return 0; }
 extern "C" void gemm_bf16(const BFloat16 *, const uint16_t *, const BFloat16 *, void *, int64_t, int64_t, int64_t,
                           int64_t, int64_t) {}
+extern "C" void gemm_bf16_silu_and_mul(const BFloat16 *, const uint16_t *, const BFloat16 *, BFloat16 *, int64_t,
+                                       int64_t, int64_t, int64_t) {}
 #endif

@@ -59,6 +59,8 @@ class Linear(nn.Linear):
     packed_bias: torch.Tensor | None = None
     native_weight: torch.Tensor | None = None  # cpu_kernels.gemm_bf16_pack(weight), set by prepare()
     float_output = False  # lm_head on gemm_bf16: logits come out as their fp32 copy (what the sampler takes)
+    is_gate_up = False  # MLP's gate_up_proj (gate rows, then up rows): prepare() may fuse SiLU-and-mul in
+    fused_silu_and_mul = False  # native_weight holds gate and up panels in turn: only silu_and_mul() reads it
     compute_dtype: torch.dtype | None = None  # set when the packed copy is fp32 for a bf16 model
     linear_pointwise: Any = None  # torch.ops.mkldnn._linear_pointwise.default where packed_weight is set
 
@@ -66,7 +68,12 @@ class Linear(nn.Linear):
         weight = self.weight.detach()
         self.packed_bias = None if self.bias is None else self.bias.detach()  # a view, not a Parameter
         if weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0 and cpu_kernels.gemm_bf16_enabled():
-            self.native_weight = cpu_kernels.gemm_bf16_pack(weight)
+            pairs_of_panels = weight.shape[0] % (2 * cpu_kernels.GEMM_BF16_PANEL) == 0
+            self.fused_silu_and_mul = self.is_gate_up and pairs_of_panels
+            if self.fused_silu_and_mul:
+                self.native_weight, self.packed_bias = cpu_kernels.pack_gate_up(weight, self.packed_bias)
+            else:
+                self.native_weight = cpu_kernels.gemm_bf16_pack(weight)
             self.weight = nn.Parameter(weight.new_empty(0), requires_grad=False)
             return
         # the op's overload itself: calling it skips the packet's overload resolution (about 1.5 us a call)
@@ -81,9 +88,15 @@ class Linear(nn.Linear):
 
     def prepared_tensors(self) -> list[torch.Tensor]:
         """What prepare() added to memory."""
-        own_bias = self.compute_dtype is not None and self.packed_bias is not None
+        own_bias = self.compute_dtype is not None or self.fused_silu_and_mul  # a copy, not the Parameter
         prepared = (self.packed_weight, self.native_weight, self.packed_bias if own_bias else None)
         return [t for t in prepared if t is not None]
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of this gate_up projection, [T, out_features / 2], in one gemm_bf16 call (the
+        projection's own output is never stored); only where prepare() set fused_silu_and_mul."""
+        assert self.native_weight is not None and x.dim() == 2 and x.is_contiguous()
+        return cpu_kernels.gemm_bf16_silu_and_mul(x, self.native_weight, self.out_features, self.packed_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.native_weight is not None:
@@ -198,14 +211,19 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     use_kernel = False
+    fused_silu_and_mul = False  # gate_up_proj computes silu(gate) * up itself (set by prepare_weights)
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.intermediate_size = args.intermediate_size
         self.gate_up_proj = Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)
+        self.gate_up_proj.is_gate_up = True
         self.down_proj = Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_silu_and_mul:
+            assert isinstance(self.gate_up_proj, Linear)
+            return self.down_proj(self.gate_up_proj.silu_and_mul(x))
         gate_up = self.gate_up_proj(x)
         if self.use_kernel:
             return self.down_proj(cpu_kernels.silu_and_mul(gate_up))
@@ -291,6 +309,8 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, kernel_users):
                 module.use_kernel = use_kernels
+            if isinstance(module, MLP) and isinstance(module.gate_up_proj, Linear):
+                module.fused_silu_and_mul = module.gate_up_proj.fused_silu_and_mul
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy a transformers-named state dict in, fusing q/k/v and gate/up."""
