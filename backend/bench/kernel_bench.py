@@ -121,6 +121,11 @@ def gemm_cases(args: argparse.Namespace, rows: int) -> dict[str, Callable[[], ob
         if cpu_kernels.gemm_bf16_enabled():
             native = itertools.cycle([cpu_kernels.gemm_bf16_pack(w) for w in weights])
             out[f"{label} gemm_bf16"] = functools.partial(_native_gemm, x, native, n)
+        if cpu_kernels.gemm_bf16_enabled() and name == "gate_up":  # the MLP's two calls, and its one
+            two_calls = functools.partial(_native_gemm, x, native, n, silu=True)
+            out[f"{label} gemm_bf16 + silu_and_mul"] = two_calls
+            fused = itertools.cycle([cpu_kernels.pack_gate_up(w, None)[0] for w in weights])
+            out[f"{label} gemm_bf16_silu_and_mul"] = functools.partial(_fused_gemm, x, fused, n)
     return out
 
 
@@ -184,10 +189,17 @@ def _onednn_gemm(linear: Callable[..., object], x: Any, weights: Iterator[Any]) 
     return linear(x, next(weights), None, "none", [], "")
 
 
-def _native_gemm(x: Any, weights: Iterator[Any], n: int) -> object:
+def _native_gemm(x: Any, weights: Iterator[Any], n: int, silu: bool = False) -> object:
     from backend.engine import cpu_kernels
 
-    return cpu_kernels.gemm_bf16(x, next(weights), n, None)
+    out = cpu_kernels.gemm_bf16(x, next(weights), n, None)
+    return cpu_kernels.silu_and_mul(out) if silu else out
+
+
+def _fused_gemm(x: Any, weights: Iterator[Any], n: int) -> object:
+    from backend.engine import cpu_kernels
+
+    return cpu_kernels.gemm_bf16_silu_and_mul(x, next(weights), n, None)
 
 
 def main(args: argparse.Namespace) -> int:
