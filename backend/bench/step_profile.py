@@ -20,9 +20,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import statistics
 import time
 from pathlib import Path
+
+from backend.bench.step_parts import PartTimer, label_kernels
 
 
 def cpu_summary() -> str:
@@ -61,66 +64,6 @@ def start_batch(llm, num_seqs: int, prompt_len: int) -> None:
         engine.add_request(f"profile-{i}", [rng.randrange(100, vocab) for _ in range(prompt_len)], params)
     while any(seq.num_output_tokens == 0 for r in engine.requests.values() for seq in r.seqs):
         engine.step()
-
-
-class PartTimer:
-    """Wraps a few engine methods with wall-clock timers (seconds summed per name)."""
-
-    def __init__(self, engine) -> None:
-        self.totals: dict[str, float] = {}
-        runner = engine.runner
-        self._wrap(runner, "prepare_inputs", "host: token ids, positions, slots")
-        self._wrap(runner, "prepare_decode", "host: block tables")
-        self._wrap(runner, "prepare_prefill", "host: prefill chunks")
-        self._wrap(runner, "run", "forward pass (model + lm_head)")
-        self._wrap(engine.sampler, "sample", "sampling")
-        self._wrap(engine.scheduler, "schedule", "scheduler")
-
-    def _wrap(self, owner, name: str, label: str) -> None:
-        inner = getattr(owner, name)
-
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self.totals[label] = self.totals.get(label, 0.0) + time.perf_counter() - start
-
-        setattr(owner, name, timed)
-
-
-def label_kernels() -> None:
-    """Name our ctypes kernels in torch.profiler's table (it sees only torch ops otherwise)."""
-    from backend.engine import cpu_kernels
-    from backend.engine.models import llama
-
-    names = (
-        "paged_decode_attention",
-        "rope_and_cache",
-        "rms_norm",
-        "silu_and_mul",
-        "linear_bf16_small",
-        "gemm_bf16",
-        "add_rms_norm",
-    )
-    for name in names:
-        _label(cpu_kernels, name, f"cpu_kernels.{name}")
-    _label(llama, "paged_attention", "attention (all of it)")
-    _label(llama, "write_kv_cache", "write_kv_cache (PyTorch)")
-    _label(llama.Attention, "forward", "Attention.forward (all of it)")
-    _label(llama.MLP, "forward", "MLP.forward (all of it)")
-
-
-def _label(owner, name: str, label: str) -> None:
-    import torch
-
-    inner = getattr(owner, name)
-
-    def labelled(*args, **kwargs):
-        with torch.profiler.record_function(label):
-            return inner(*args, **kwargs)
-
-    setattr(owner, name, labelled)
 
 
 class PrefillFeed:
@@ -223,11 +166,14 @@ def main(args: argparse.Namespace) -> int:
     if args.compare_gemm:
         return compare_gemm(args, model)
     engine, feed = start_engine(args, model)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     times, cpu = time_steps(engine, args.steps, feed)
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / (args.steps + 2)
     step, (name, tokens) = statistics.median(times), step_name(args)
     print(f"\n{name}: median {step * 1e3:.1f} ms over {len(times)} steps, "
           f"{tokens / step:.0f} tok/s (min {min(times) * 1e3:.1f} ms); CPU time per step "
-          f"{statistics.median(cpu) * 1e3:.1f} ms over {torch.get_num_threads()} threads")  # fmt: skip
+          f"{statistics.median(cpu) * 1e3:.1f} ms over {torch.get_num_threads()} threads; "
+          f"{faults:.0f} minor page faults a step (first writes to KV-pool pages among them)")  # fmt: skip
     parts = PartTimer(engine)
     rounds = 5
     time_steps(engine, rounds, feed)
