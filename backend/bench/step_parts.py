@@ -14,7 +14,8 @@ class PartTimer:
         runner = engine.runner
         self._wrap(runner, "prepare_inputs", "host: token ids, positions, slots")
         self._wrap(runner, "prepare_decode", "host: block tables")
-        self._wrap(runner, "prepare_prefill", "host: prefill chunks")
+        self._wrap(runner, "prepare_prefill", "host: prefill chunks (PyTorch attention)")
+        self._wrap(runner, "prepare_prefill_kernel", "host: prefill chunks (native attention)")
         self._wrap(runner, "run", "forward pass (model + lm_head)")
         self._wrap(engine.sampler, "sample", "sampling")
         self._wrap(engine.scheduler, "schedule", "scheduler")
@@ -37,8 +38,8 @@ def labelled_targets() -> list[tuple[object, str, str]]:
     from backend.engine import cpu_kernels
     from backend.engine.models import llama
 
-    names = ["paged_decode_attention", "rope_and_cache", "rms_norm", "add_rms_norm", "silu_and_mul"]
-    names += ["linear_bf16_small", "gemm_bf16", "gemm_bf16_silu_and_mul"]
+    names = ["paged_decode_attention", "paged_prefill_attention", "rope_and_cache", "rms_norm"]
+    names += ["add_rms_norm", "silu_and_mul", "linear_bf16_small", "gemm_bf16", "gemm_bf16_silu_and_mul"]
     targets: list[tuple[object, str, str]] = [(cpu_kernels, name, f"cpu_kernels.{name}") for name in names]
     targets += [
         (llama, "paged_attention", "attention (all of it)"),
