@@ -235,6 +235,39 @@ struct Scratch {
           limit(rows) {}
 };
 
+// The largest of x[0 .. LANES - 1], by halving (no serial chain of LANES comparisons)
+inline float lanes_max(const float *x) {
+#if defined(__AVX512F__)
+    return _mm512_reduce_max_ps(_mm512_loadu_ps(x));
+#else
+    float y[LANES];
+    std::copy(x, x + LANES, y);
+    for (int width = int(LANES) / 2; width > 0; width /= 2) {
+        for (int l = 0; l < width; l++) y[l] = y[l + width] > y[l] ? y[l + width] : y[l];
+    }
+    return y[0];
+#endif
+}
+
+// probs [LANES] = p [LANES] in the products' type, their values as stored added to sum [LANES]
+template <typename PT>
+inline void to_operand(const float *p, PT *probs, float *sum) {
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+    if constexpr (std::is_same_v<PT, BFloat16>) {  // one rounding instruction (nearest even)
+        const __m256i rounded = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p));
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(probs), rounded);
+        const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16));
+        _mm512_storeu_ps(sum, _mm512_add_ps(_mm512_loadu_ps(sum), back));
+        return;
+    }
+#endif
+#pragma omp simd
+    for (int l = 0; l < int(LANES); l++) {
+        store(probs[l], p[l]);
+        sum[l] += to_float(probs[l]);  // the probabilities as the product reads them (bf16: rounded)
+    }
+}
+
 // One row's online-softmax step over a key tile: scores of its first limit keys (scaled) folded into its
 // running max and LANES partial sums, probabilities (0 from limit to width, the columns its row block
 // computed) into probs, its accumulator rescaled where the max grew. scores is overwritten. Loops of LANES
@@ -251,8 +284,7 @@ void softmax_row(float *scores, int limit, int width, float scale, float &top, f
             tops[l] = x > tops[l] ? x : tops[l];
         }
     }
-    float tile_top = -INFINITY;
-    for (int l = 0; l < int(LANES); l++) tile_top = std::max(tile_top, tops[l]);
+    const float tile_top = lanes_max(tops);
     const float new_top = std::max(top, tile_top * scale);  // scale > 0
     const float alpha = new_top == top ? 1.0f : top == -INFINITY ? 0.0f : fast_exp(top - new_top);
     top = new_top;
@@ -268,11 +300,7 @@ void softmax_row(float *scores, int limit, int width, float scale, float &top, f
             const float e = fast_exp(scores[j0 + l] * scale - new_top);
             scores[j0 + l] = j0 + l < limit ? e : 0.0f;
         }
-#pragma omp simd
-        for (int l = 0; l < int(LANES); l++) {
-            store(probs[j0 + l], scores[j0 + l]);
-            sum[l] += to_float(probs[j0 + l]);  // the probabilities as the product reads them (bf16: rounded)
-        }
+        to_operand(scores + j0, probs + j0, sum);
     }
 }
 
@@ -331,6 +359,19 @@ void attend_item(const T *q, T *out, const Problem &pb, const Item &item, const 
     }
 }
 
+// Asks for an item's query rows to be brought into the cache (strided rows: the hardware prefetchers miss
+// them) ahead of attend_item, which reads them first
+template <typename T>
+void prefetch_queries(const T *q, const Problem &pb, const Item &item) {
+    const Shape &sh = pb.shape;
+    const int64_t G = sh.num_heads / sh.num_kv_heads, bytes = G * sh.head_dim * int64_t(sizeof(T));
+    for (int64_t t = 0; t < item.count; t++) {
+        const char *row = reinterpret_cast<const char *>(
+            q + (pb.query_start_loc[item.seq] + item.first + t) * pb.q_stride + item.kvh * G * sh.head_dim);
+        for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset, 0, 3);
+    }
+}
+
 // The work items, largest first (a query tile's cost grows with its last position: causal tiles differ)
 std::vector<Item> work_items(const Problem &pb, int64_t tokens_per_item) {
     std::vector<Item> items;
@@ -375,10 +416,14 @@ void prefill_attention(const T *q, const C *k_cache, const C *v_cache, T *out, c
                       pb.seq_lens[seq], sh, keys + i * tile_size, values + i * tile_size);
         }  // (an implied barrier: every tile is packed before any is read)
         Scratch<PT> scratch(std::max<int64_t>(1, TARGET_ROWS / G) * G, sh.padded_dim);
-        for (int64_t i = counter.fetch_add(1); i < int64_t(items.size()); i = counter.fetch_add(1)) {
+        const int64_t num_items = int64_t(items.size());
+        for (int64_t i = counter.fetch_add(1); i < num_items;) {  // each thread claims its next item ahead,
+            const int64_t next = counter.fetch_add(1);  // so that the item's queries are fetched meanwhile
+            if (next < num_items) prefetch_queries(q, pb, items[next]);
             const Item &item = items[i];
             const int64_t offset = (first_tile[item.seq] * sh.num_kv_heads + item.kvh) * tile_size;
             attend_item(q, out, pb, item, keys + offset, values + offset, sh.num_kv_heads * tile_size, scratch);
+            i = next;
         }
     }
 }
