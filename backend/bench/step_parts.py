@@ -40,6 +40,7 @@ def labelled_targets() -> list[tuple[object, str, str]]:
 
     names = ["paged_decode_attention", "paged_prefill_attention", "rope_and_cache", "rms_norm"]
     names += ["add_rms_norm", "silu_and_mul", "linear_bf16_small", "gemm_bf16", "gemm_bf16_silu_and_mul"]
+    names += ["quant_gemv", "quant_gemm", "quant_dequant", "packed_gemv", "interleaved_gemm"]  # quantized
     targets: list[tuple[object, str, str]] = [(cpu_kernels, name, f"cpu_kernels.{name}") for name in names]
     targets += [
         (llama, "paged_attention", "attention (all of it)"),

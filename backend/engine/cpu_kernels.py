@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # attention.py imports this module
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("paged_attention.cpp", "layers.cpp", "quantized.cpp", "packed_rows.cpp")]
-SOURCES += [CSRC / "gemm_bf16.cpp", CSRC / "prefill_attention.cpp"]
+SOURCES += [CSRC / "gemm_bf16.cpp", CSRC / "prefill_attention.cpp", CSRC / "interleaved.cpp"]
 FLAGS = ["-O3", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 BUILD_TIMEOUT_S = 300  # a cold build takes seconds; a hung compiler must not hang the engine's start
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -55,6 +55,7 @@ QUANT_TYPES = ("q4_0", "q4_1", "q8_0", "q4_k", "q6_k")  # csrc/quantized.cpp
 QUANT_SIGNATURES = {"quant_gemv": [PTR] * 4 + [INT] * 4, "quant_dequant": [PTR, PTR, INT, INT]}
 QUANT_GEMV_MAX_ROWS = 8  # csrc/quantized.cpp MAX_ROWS (and csrc/packed_rows.cpp's)
 QUANT_GEMM_TYPES = ("q4_0", "q4_1", "q8_0")  # quant_gemm: bf16 activations, builds with AVX512_BF16
+INTERLEAVED_TYPES = ("q4_0", "q4_1", "q8_0")  # csrc/interleaved.cpp: bf16 activations, AVX512_BF16 builds
 PACKED_KINDS = ("w4", "w8", "fp8")  # csrc/packed_rows.cpp: GPTQ / AWQ / compressed-tensors ints, fp8
 PACKED_SIGNATURES = {
     "packed_gemv": [PTR] * 7 + [INT, INT, PTR],
@@ -180,6 +181,10 @@ def _open(path: Path) -> ctypes.CDLL:
         library.gemm_bf16_silu_and_mul.argtypes = [PTR] * 4 + [INT] * 4
         library.gemm_bf16_silu_and_mul.restype = None
         library.gemm_bf16_available.restype = ctypes.c_int
+        library.interleaved_available.restype = ctypes.c_int
+        for qtype in INTERLEAVED_TYPES:
+            getattr(library, f"interleaved_gemm_{qtype}").argtypes = QUANT_SIGNATURES["quant_gemv"]
+            getattr(library, f"interleaved_gemm_{qtype}").restype = None
         library.quant_vector_width.restype = ctypes.c_int
         library.prefill_attention_bf16_dot.restype = ctypes.c_int
         library.packed_bf16_dot.restype = ctypes.c_int
@@ -429,6 +434,38 @@ def quant_gemm(
     assert x.is_contiguous() and x.dtype == torch.bfloat16 and x.shape[0] <= quant_gemm_max_rows()
     assert out.stride(1) == 1
     _call_quant_matmul(f"quant_gemm_{qtype}_bf16", x, data, bias, out)
+
+
+@cache
+def interleaved_available() -> bool:
+    """Whether this build has csrc/interleaved.cpp's kernels (AVX512_BF16)."""
+    library = load_library()
+    return library is not None and library.interleaved_available() == 1
+
+
+def interleaved_gemm(
+    x: torch.Tensor,  # [rows, k] bf16, contiguous
+    part,  # interleaved.Interleaved
+    bias: torch.Tensor | None,  # [n] bf16
+    out: torch.Tensor,  # [rows, >= n] bf16 view of a contiguous [rows, ldy] tensor: columns 0..n-1 written
+) -> None:
+    """y = x @ W^T + bias on the interleaved layout (the decode hot path: its function looked up once)."""
+    assert x.is_contiguous() and x.dtype == torch.bfloat16 and out.stride(1) == 1
+    _interleaved_function(part.qtype)(
+        x.data_ptr(),
+        part.data.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        out.data_ptr(),
+        x.shape[0],
+        part.shape[0],
+        x.shape[1],
+        out.stride(0),
+    )
+
+
+@cache
+def _interleaved_function(qtype: str):
+    return getattr(load_library(), f"interleaved_gemm_{qtype}")
 
 
 def quant_dequant(data: torch.Tensor, qtype: str, out: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ import torch
 
 from backend.engine.models.llama import LlamaForCausalLM
 from backend.engine.quantization.gguf_reader import QuantizedWeight
+from backend.engine.quantization.interleaved import Interleaved
 from backend.engine.quantization.quantized_linear import (
     Part,
     QuantizedEmbedding,
@@ -39,9 +40,13 @@ def install_quantized(
         weights = [parts[i][1] for i in sorted(parts)]
         if path == "embed_tokens":
             assert isinstance(weights[0], QuantizedWeight), "only GGUF quantizes the embedding"
-            model.embed_tokens = QuantizedEmbedding(weights[0], dtype)
-            if model.lm_head is None:  # tied: the output projection reads the same blocks
+            embedding: QuantizedWeight | Interleaved = weights[0]
+            if model.lm_head is None:  # tied: the embedding reads the output projection's bytes
                 model.lm_head = QuantizedLinear(weights, False, scratch, dtype)
+                (shared,) = model.lm_head.parts  # its layout (interleaved or not), one copy
+                assert isinstance(shared, QuantizedWeight | Interleaved)
+                embedding = shared
+            model.embed_tokens = QuantizedEmbedding(embedding, dtype)
             continue
         parent_path, _, child = path.rpartition(".")
         parent = model.get_submodule(parent_path) if parent_path else model

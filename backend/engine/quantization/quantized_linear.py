@@ -25,9 +25,10 @@ from backend.engine.quantization.compressed_tensors import Fp8Weight
 from backend.engine.quantization.gguf_blocks import dequantize
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.gptq_awq import PackedWeight
+from backend.engine.quantization.interleaved import Interleaved, can_interleave, interleave
 from backend.engine.quantization.row_packed import RowPacked, relayout
 
-Part = QuantizedWeight | PackedWeight | Fp8Weight | RowPacked
+Part = QuantizedWeight | PackedWeight | Fp8Weight | RowPacked | Interleaved
 PACKED_SLICED_MAX_ROWS = 64  # RowPacked layers: packed_gemv in slices up to here (measured 1.5-2.6x tiles)
 TILE_WEIGHTS = 1 << 20  # weights decoded per GEMM call: 2-4 MB, about an L2 cache
 
@@ -57,7 +58,7 @@ def decode_rows(part: Part, first: int, last: int, out: torch.Tensor, use_kernel
     if isinstance(part, RowPacked) and use_kernel:
         return cpu_kernels.packed_dequant(part, first, last, out)
     if not isinstance(part, QuantizedWeight):
-        return out.copy_(part.dequantize_rows(first, last))
+        return out.copy_(part.dequantize_rows(first, last))  # Interleaved: only where kernels are off
     return decode_blocks(part.data[first:last], part.qtype, out, use_kernel)
 
 
@@ -87,6 +88,15 @@ def merge_same_type(parts: list[Part]) -> list[Part]:
     return merged
 
 
+def interleaves(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether Q4_0 / Q4_1 parts take csrc/interleaved.cpp's layout (CPU kernels, bf16, AVX512_BF16)."""
+    return (
+        dtype == torch.bfloat16
+        and cpu_kernels.supports(device, dtype)
+        and cpu_kernels.interleaved_available()
+    )
+
+
 class QuantizedLinear(nn.Module):
     use_kernel = False  # set by LlamaForCausalLM.prepare_weights when cpu_kernels serve this model
 
@@ -94,14 +104,20 @@ class QuantizedLinear(nn.Module):
         super().__init__()
         assert len({p.shape[1] for p in parts}) == 1, "fused parts share the input size"
         parts = [relayout(p) for p in parts]  # packed ints and fp8 on the CPU: the kernels' row layout
-        self.parts = merge_same_type(parts)
-        self.has_gemv = all(isinstance(p, QuantizedWeight | RowPacked) for p in parts)  # fused kernels
+        parts = merge_same_type(parts)
+        if interleaves(part_tensors(parts[0])[0].device, dtype):
+            parts = [interleave(p) if can_interleave(p) else p for p in parts]  # the same bytes, moved
+        self.parts = parts
+        self.has_gemv = all(isinstance(p, QuantizedWeight | RowPacked | Interleaved) for p in parts)
         self.all_packed = all(isinstance(p, RowPacked) for p in parts)
+        self.all_interleaved = all(isinstance(p, Interleaved) for p in parts)  # any batch: one kernel
         tensors = [t for part in parts for t in part_tensors(part)]
         for i, tensor in enumerate(tensors):
             self.register_buffer(f"qweight_{i}", tensor)  # counted by weights_bytes, moved by .to()
-        self.has_gemm = all(  # the kernel for larger batches: 4-bit GGUF blocks, bf16 activations
-            isinstance(p, QuantizedWeight) and p.qtype in cpu_kernels.QUANT_GEMM_TYPES for p in parts
+        self.has_gemm = all(  # the kernels for 9-64 rows: Q4_0 / Q4_1 / Q8_0 GGUF blocks, bf16 activations
+            isinstance(p, Interleaved)
+            or (isinstance(p, QuantizedWeight) and p.qtype in cpu_kernels.QUANT_GEMM_TYPES)
+            for p in parts
         )
         self.in_features = parts[0].shape[1]
         self.out_features = sum(p.shape[0] for p in parts)
@@ -111,6 +127,12 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [rows, in_features]
         rows = x.shape[0]
+        if self.use_kernel and self.all_interleaved and x.is_contiguous():
+            if len(self.parts) == 1:  # the decode hot path: one call, nothing sliced
+                out = x.new_empty(rows, self.out_features)
+                cpu_kernels.interleaved_gemm(x, self.parts[0], self.bias, out)
+                return out
+            return self.fused(x, cpu_kernels.quant_gemm)
         if (
             self.use_kernel
             and self.has_gemv
@@ -146,7 +168,9 @@ class QuantizedLinear(nn.Module):
         for part in self.parts:
             stop = start + part.shape[0]
             bias = None if self.bias is None else self.bias[start:stop]
-            if isinstance(part, QuantizedWeight):
+            if isinstance(part, Interleaved):
+                cpu_kernels.interleaved_gemm(x, part, bias, out[:, start:stop])
+            elif isinstance(part, QuantizedWeight):
                 kernel(x, part.data, part.qtype, bias, out[:, start:stop])
             else:
                 cpu_kernels.packed_gemv(x, part, bias, out[:, start:stop])
@@ -172,15 +196,21 @@ class QuantizedLinear(nn.Module):
 
 
 class QuantizedEmbedding(nn.Module):
+    """An embedding over GGUF blocks; a tied one shares its lm_head's part (interleaved or not)."""
+
     use_kernel = False
 
-    def __init__(self, weight: QuantizedWeight, dtype: torch.dtype) -> None:
+    def __init__(self, weight: QuantizedWeight | Interleaved, dtype: torch.dtype) -> None:
         super().__init__()
         self.weight_q = weight
         self.register_buffer("qweight", weight.data)
         self.dtype = dtype
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
-        rows = self.weight_q.data.index_select(0, input_ids)
-        out = torch.empty(rows.shape[0], self.weight_q.shape[1], dtype=self.dtype, device=rows.device)
-        return decode_blocks(rows, self.weight_q.qtype, out, self.use_kernel)
+        weight = self.weight_q
+        if isinstance(weight, Interleaved):
+            rows = weight.gather(input_ids)
+        else:
+            rows = weight.data.index_select(0, input_ids)
+        out = torch.empty(rows.shape[0], weight.shape[1], dtype=self.dtype, device=rows.device)
+        return decode_blocks(rows, weight.qtype, out, self.use_kernel)

@@ -1,0 +1,96 @@
+"""GGUF Q4_0 / Q4_1 / Q8_0 weights re-laid out at load with 16 output rows interleaved, the layout of
+csrc/interleaved.cpp (llama.cpp's CPU repack, block_q4_0x8, does the same), in the same bytes.
+
+W's rows go in panels of 16; a panel's blocks of 32 weights stay in k order, and each panel-block holds the
+16 rows' fp16 scales d[16] (Q4_1: then the mins m[16]) followed by chunks of 32 bytes: 4-bit, 8 chunks,
+chunk c's byte 2 r + e holding row r's weight 4 c + e in its low nibble and 4 c + 2 + e in its high one;
+Q8_0, 16 chunks, chunk c's byte 2 r + e holding row r's weight 2 c + e. The re-layout
+only moves bytes (every d, m and nibble is the GGUF block's own), so decoding it gives gguf-py's values
+bit for bit (dequantize_rows, the PyTorch path and the kernels' test reference).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeGuard
+
+import torch
+
+from backend.engine.quantization.gguf_blocks import dequantize
+from backend.engine.quantization.gguf_reader import QuantizedWeight
+
+PANEL = 16  # rows a panel (csrc/interleaved.cpp PANEL)
+TYPES = {"q4_0": 2, "q4_1": 4, "q8_0": 2}  # kept type -> header bytes of one GGUF block (d; d and m)
+
+
+@dataclass(slots=True)
+class Interleaved:
+    qtype: str  # "q4_0" | "q4_1"
+    data: torch.Tensor  # [n / 16, k / 32 * 16 * block bytes] uint8
+    shape: tuple[int, int]  # (n, k)
+
+    row_multiple = PANEL
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.data]
+
+    def blocks(self, first: int, last: int) -> torch.Tensor:
+        """Rows first..last-1 back in GGUF's block layout [last - first, row bytes]."""
+        rows = self.panel_blocks(self.data[first // PANEL : -(-last // PANEL)])
+        return rows[first % PANEL : first % PANEL + last - first]
+
+    def gather(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ids [T] (int64) in GGUF's block layout [T, row bytes] (an embedding lookup)."""
+        rows = self.panel_blocks(self.data.index_select(0, ids // PANEL)).view(ids.shape[0], PANEL, -1)
+        return rows[torch.arange(ids.shape[0], device=ids.device), ids % PANEL]
+
+    def panel_blocks(self, panels: torch.Tensor) -> torch.Tensor:
+        """panels [p, group bytes * blocks] -> their 16 p rows in GGUF's block layout."""
+        head, k = TYPES[self.qtype], self.shape[1]
+        groups = panels.view(panels.shape[0], k // 32, -1)  # [panels, blocks, group bytes]
+        header = groups[..., : PANEL * head].reshape(-1, k // 32, head // 2, PANEL, 2).transpose(2, 3)
+        if self.qtype == "q8_0":  # [.., c, r, e] -> [.., r, c, e]: weight 2 c + e
+            qs = groups[..., PANEL * head :].reshape(-1, k // 32, 16, PANEL, 2).transpose(2, 3)
+            qs = qs.reshape(-1, k // 32, PANEL, 32)
+            block = torch.cat((header.reshape(-1, k // 32, PANEL, head), qs), -1)
+            return block.transpose(1, 2).reshape(-1, k // 32 * (head + 32))
+        chunks = groups[..., PANEL * head :].reshape(-1, k // 32, 8, PANEL, 2)  # [.., c, r, e]
+        low, high = chunks & 15, chunks >> 4
+        # [.., c, low / high, r, e] -> [.., r, c, low / high, e]: weight 4 c + 2 (low / high) + e
+        q = torch.stack((low, high), 3).permute(0, 1, 4, 2, 3, 5).reshape(-1, k // 32, PANEL, 32)
+        qs = q[..., :16] | (q[..., 16:] << 4)  # ggml's order: byte i holds weights i and i + 16
+        block = torch.cat((header.reshape(-1, k // 32, PANEL, head), qs), -1)
+        return block.transpose(1, 2).reshape(-1, k // 32 * (head + 16))
+
+    def dequantize_rows(self, first: int, last: int) -> torch.Tensor:
+        """W[first:last] as float32 [last - first, k], exactly gguf-py's decoding of the source blocks."""
+        return dequantize(self.blocks(first, last), self.qtype)
+
+
+def can_interleave(part: object) -> TypeGuard[QuantizedWeight]:
+    return (
+        isinstance(part, QuantizedWeight)
+        and part.qtype in TYPES
+        and part.shape[0] % PANEL == 0
+        and part.shape[1] % 32 == 0
+        and part.data.device.type == "cpu"
+    )
+
+
+def interleave(part: QuantizedWeight) -> Interleaved:
+    """part's blocks in the interleaved layout (the same bytes, moved)."""
+    head = TYPES[part.qtype]
+    n, k = part.shape
+    blocks = part.data.reshape(n // PANEL, PANEL, k // 32, -1).transpose(1, 2)  # [panels, b, r, bytes]
+    header = blocks[..., :head].reshape(n // PANEL, k // 32, PANEL, head // 2, 2).transpose(2, 3)
+    qs = blocks[..., head:]
+    if part.qtype == "q8_0":  # [.., r, c, e] -> [.., c, r, e]
+        chunks = qs.reshape(n // PANEL, k // 32, PANEL, 16, 2).transpose(2, 3)
+        chunks = chunks.reshape(n // PANEL, k // 32, -1)
+        group = torch.cat((header.reshape(n // PANEL, k // 32, -1), chunks), -1)
+        return Interleaved(part.qtype, group.reshape(n // PANEL, -1).contiguous(), part.shape)
+    q = torch.cat((qs & 15, qs >> 4), -1).view(n // PANEL, k // 32, PANEL, 8, 2, 2)  # [.., r, c, lh, e]
+    chunks = q[..., 0, :] | (q[..., 1, :] << 4)  # [.., r, c, e]: low nibble 4 c + e, high 4 c + 2 + e
+    chunks = chunks.permute(0, 1, 3, 2, 4)  # [.., c, r, e]
+    group = torch.cat((header.reshape(n // PANEL, k // 32, -1), chunks.reshape(n // PANEL, k // 32, -1)), -1)
+    return Interleaved(part.qtype, group.reshape(n // PANEL, -1).contiguous(), part.shape)
