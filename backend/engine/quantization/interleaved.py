@@ -12,6 +12,7 @@ bit for bit (dequantize_rows, the PyTorch path and the kernels' test reference).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import TypeGuard
 
 import torch
@@ -41,6 +42,9 @@ class Interleaved:
 
     def gather(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ids [T] (int64) in GGUF's block layout [T, row bytes] (an embedding lookup)."""
+        if self.qtype == "q8_0":  # whole bytes: one gather from the rows' panels
+            index = q8_0_row_bytes(self.shape[1]).to(ids.device)
+            return self.data.index_select(0, ids // PANEL).gather(1, index[ids % PANEL])
         rows = self.panel_blocks(self.data.index_select(0, ids // PANEL)).view(ids.shape[0], PANEL, -1)
         return rows[torch.arange(ids.shape[0], device=ids.device), ids % PANEL]
 
@@ -65,6 +69,17 @@ class Interleaved:
     def dequantize_rows(self, first: int, last: int) -> torch.Tensor:
         """W[first:last] as float32 [last - first, k], exactly gguf-py's decoding of the source blocks."""
         return dequantize(self.blocks(first, last), self.qtype)
+
+
+@cache
+def q8_0_row_bytes(k: int) -> torch.Tensor:
+    """[16, k / 32 * 34] int64: where row r's GGUF bytes sit in its Q8_0 panel (d, then weights 2 c + e)."""
+    r = torch.arange(PANEL).view(PANEL, 1, 1)
+    group = torch.arange(k // 32).view(1, -1, 1) * PANEL * 34  # a panel-block's first byte
+    d = 2 * r + torch.arange(2).view(1, 1, 2)
+    c, e = torch.arange(16).view(1, 1, 16, 1), torch.arange(2).view(1, 1, 1, 2)
+    q = (PANEL * 2 + 32 * c + 2 * r.unsqueeze(-1) + e).reshape(PANEL, 1, 32)
+    return torch.cat((group + d, group + q), -1).reshape(PANEL, -1)
 
 
 def can_interleave(part: object) -> TypeGuard[QuantizedWeight]:
