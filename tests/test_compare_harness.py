@@ -81,7 +81,6 @@ def test_bar_lines_state_issue_19s_bars_from_the_numbers():
         "c=16: served / offline output tok/s = 240.0 / 260.0 = 0.92 (bar >= 0.8: met)",
         "c=64: output tok/s embedded / vllm = 300.0 / 250.0 = 1.20x (bar >= 1.3x: NOT met)",
         "c=64: median TPOT 150.0 ms vs 140.0 ms (bar: below vllm's: NOT met)",
-        "c=64: p99 TTFT 9,000 ms (bar < 2,000 ms: NOT met)",
         "c=64: served / offline output tok/s = 300.0 / 400.0 = 0.75 (bar >= 0.8: NOT met); prompts DIFFER: "
         "51,200 prompt tokens served, 51,000 offline",
     ]
@@ -103,8 +102,6 @@ def test_compare_runs_vllm_compiled_and_the_launch_tab_eager(monkeypatch):
 def test_each_engine_runs_its_own_token_budget_unless_one_is_given(monkeypatch):
     """vLLM CPU serve's default is 2048 tokens a step, the embedded engine's EngineConfig's 512; compare
     launches each at its own unless --max-num-batched-tokens sets one for all, and reports which."""
-    from types import SimpleNamespace
-
     monkeypatch.setattr("backend.export.supervisor.has_gpu", lambda: False)
     own = LocalTargets("/models/dense", 2048, 64)
     assert "--max-num-batched-tokens 512" in launch_command(own.request("embedded"), "embedded", 8000)
@@ -114,11 +111,9 @@ def test_each_engine_runs_its_own_token_budget_unless_one_is_given(monkeypatch):
     for engine in ("embedded", "vllm"):
         assert "--max-num-batched-tokens 1024" in launch_command(fixed.request(engine), engine, 8000)
     assert fixed.engine_config(16).max_num_batched_tokens == 1024
-    log = ["INFO 12-01 [scheduler.py:308] Chunked prefill is enabled with max_num_batched_tokens=2048."]
-    vllm, embedded = SimpleNamespace(engine="vllm", log=log), SimpleNamespace(engine="embedded", log=[])
-    assert token_budget(vllm, own.request("vllm")) == "max_num_batched_tokens 2048 (its default)"
-    assert token_budget(embedded, own.request("embedded")) == "max_num_batched_tokens 512 (its default)"
-    assert token_budget(vllm, fixed.request("vllm")) == "max_num_batched_tokens 1024"
+    assert token_budget(own.request("vllm")) == "max_num_batched_tokens 2048 (its default)"
+    assert token_budget(own.request("embedded")) == "max_num_batched_tokens 512 (its default)"
+    assert token_budget(fixed.request("vllm")) == "max_num_batched_tokens 1024"
 
 
 def test_offline_engine_settings_are_the_served_ones_but_max_num_seqs():

@@ -19,6 +19,7 @@ from backend.export.plan import resolve
 from backend.export.process import ManagedServer
 from backend.export.supervisor import CPU_KV_CACHE_GIB, ExternalServers
 from backend.planner.request import PlanRequest
+from backend.planner.vllm_rules import with_scheduler_defaults
 
 GIB = 1024**3
 
@@ -105,21 +106,17 @@ def vllm_threads(log: list[str]) -> str:
     )
 
 
-def token_budget(server: ManagedServer, req: PlanRequest) -> str:
-    """The step's token budget the engine ran with: set by --max-num-batched-tokens, or its own default
-    (vLLM states it in its log; the embedded engine's is EngineConfig's)."""
+def token_budget(req: PlanRequest) -> str:
+    """The step token budget the engine's launch command gives it: --max-num-batched-tokens, or its own
+    default (vLLM CPU serve's 2048, EngineConfig's for the embedded engine) as the exporter writes it."""
     if req.max_num_batched_tokens:
         return f"max_num_batched_tokens {req.max_num_batched_tokens}"
-    if server.engine == "embedded":
-        default = EngineConfig.__dataclass_fields__["max_num_batched_tokens"].default
-        return f"max_num_batched_tokens {default} (its default)"
-    found = re.search(r"max_num_batched_tokens=(\d+)", "\n".join(server.log))
-    return f"max_num_batched_tokens {found.group(1)} (its default)" if found else ""
+    return f"max_num_batched_tokens {with_scheduler_defaults(req).max_num_batched_tokens} (its default)"
 
 
 def target_detail(server: ManagedServer, req: PlanRequest, enforce_eager: bool | None) -> str:
     """How the engine ran, for the report: its token budget; vLLM's mode and thread binding."""
-    parts = [token_budget(server, req)]
+    parts = [token_budget(req)]
     if server.engine == "vllm":
         mode = "eager (--enforce-eager)" if enforce_eager else "compiled (torch.compile, vllm serve's own)"
         parts = [f"vLLM {mode}", *parts, vllm_threads(list(server.log))]
