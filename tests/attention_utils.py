@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from backend.engine.attention import PrefillKernelInputs, from_cache, to_cache
+from backend.engine.attention import from_cache, to_cache
+from backend.engine.cpu_kernels import PrefillKernelInputs
 
 CPUINFO = Path("/proc/cpuinfo")
 CPU_FLAGS = next(

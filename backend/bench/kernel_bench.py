@@ -135,7 +135,8 @@ def prefill_cases(args: argparse.Namespace, rows: int) -> dict[str, Callable[[],
     import torch
 
     from backend.engine import cpu_kernels
-    from backend.engine.attention import PrefillKernelInputs, paged_attention
+    from backend.engine.attention import paged_attention
+    from backend.engine.cpu_kernels import PrefillKernelInputs
 
     gen = torch.Generator().manual_seed(0)
     heads, kv_heads, D, block_size, n = args.heads, args.kv_heads, args.head_dim, 16, args.chunk

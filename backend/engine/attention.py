@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from backend.engine import cpu_kernels
+from backend.engine.cpu_kernels import PrefillKernelInputs
 
 
 @dataclass(slots=True)
@@ -30,15 +31,6 @@ class PrefillChunk:
     num_cached: int  # tokens already in the cache before this chunk
     block_rows: torch.Tensor | None  # pool_rows of the blocks covering num_cached + (end - start)
     mask: torch.Tensor | None  # [n, num_cached + n], True = attend; None when num_cached == 0
-
-
-@dataclass(slots=True)
-class PrefillKernelInputs:
-    """The step's prefill chunks as the CPU prefill kernel reads them (vLLM's names)."""
-
-    query_start_loc: torch.Tensor  # [num_chunks + 1] int64: chunk i's rows are [i] .. [i + 1] - 1
-    seq_lens: torch.Tensor  # [num_chunks] int64: cached prefix + chunk, the keys each chunk attends to
-    block_tables: torch.Tensor  # [num_chunks, max_blocks] int64, padded with block 0
 
 
 @dataclass(slots=True)

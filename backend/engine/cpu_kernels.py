@@ -24,14 +24,11 @@ import shutil
 import stat
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:  # attention.py imports this module
-    from backend.engine.attention import PrefillKernelInputs
 
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
@@ -258,6 +255,15 @@ def paged_decode_attention(
         scale * kv_scales[0],
         kv_scales[1],
     )
+
+
+@dataclass(slots=True)
+class PrefillKernelInputs:
+    """The step's prefill chunks as the CPU prefill kernel reads them (vLLM's names)."""
+
+    query_start_loc: torch.Tensor  # [num_chunks + 1] int64: chunk i's rows are [i] .. [i + 1] - 1
+    seq_lens: torch.Tensor  # [num_chunks] int64: cached prefix + chunk, the keys each chunk attends to
+    block_tables: torch.Tensor  # [num_chunks, max_blocks] int64, padded with block 0
 
 
 def paged_prefill_attention(

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import torch
 
 from backend.engine import cpu_kernels
-from backend.engine.attention import AttentionMetadata, PrefillChunk, PrefillKernelInputs, pool_rows
+from backend.engine.attention import AttentionMetadata, PrefillChunk, pool_rows
 from backend.engine.config import KV_CACHE_DTYPES
+from backend.engine.cpu_kernels import PrefillKernelInputs
 from backend.engine.models.llama import LlamaForCausalLM
 from backend.engine.scheduler import ScheduledSeq
 
