@@ -1,13 +1,16 @@
 """StepRecorder: each engine step's wall time, batch (decode rows, prefill tokens) and the gap since the
 previous step, recorded by wrapping an LLMEngine's step() and scheduler.schedule(), and their summary.
 
-Steps that schedule nothing (an idle engine polled by its loop) are not recorded; a step's gap is the
-engine-thread time since the previous step ended (commands, delivery, waiting), 0 for the first.
+Each record also counts the process's minor page faults during the step (all threads: the engine's are
+nearly all of them while it steps). Steps that schedule nothing (an idle engine polled by its loop) are
+not recorded; a step's gap is the engine-thread time since the previous step ended (commands, delivery,
+waiting), 0 for the first.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -20,6 +23,8 @@ class StepRecord:
     gap_seconds: float  # engine-thread time since the previous step ended (commands, delivery, waiting)
     num_decode_rows: int
     num_prefill_tokens: int
+    started: float = 0.0  # time.time() when the step began (to set steps beside request timestamps)
+    minor_faults: int = 0  # the process's minor page faults during the step (first writes to fresh pages)
 
 
 @dataclass(slots=True)
@@ -41,13 +46,14 @@ class StepRecorder:
             return scheduled
 
         def recorded_step():
-            start = time.perf_counter()
+            start, started, faults = time.perf_counter(), time.time(), minor_faults()
             self._batch = (0, 0)
             outputs = step()
             end = time.perf_counter()
             if self._batch != (0, 0):
                 gap = start - self._last_end if self._last_end is not None else 0.0
-                self.records.append(StepRecord(end - start, gap, *self._batch))
+                faults = minor_faults() - faults
+                self.records.append(StepRecord(end - start, gap, *self._batch, started, faults))
             self._last_end = end
             return outputs
 
@@ -57,6 +63,10 @@ class StepRecorder:
     def take(self) -> list[StepRecord]:
         records, self.records, self._last_end = self.records, [], None
         return records
+
+
+def minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def voluntary_switches() -> int:
