@@ -18,31 +18,22 @@ import argparse
 import asyncio
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
+from backend.bench import served_steps
 from backend.bench.burst_probe import BurstProbe, RequestTimes
 from backend.bench.step_recorder import StepRecord
 from backend.export.supervisor import free_port
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
 
 def client_command(args: argparse.Namespace, port: int, out: Path, warm_up: bool) -> list[str]:
-    command = [
-        sys.executable,
-        str(REPO_ROOT / "app.py"),
-        "bench",
-        "--base-url",
-        f"http://127.0.0.1:{port}/v1",
-    ]
-    command += ["--model", "burst", "--tokenizer", args.model, "--dataset", "random", "--ignore-eos"]
-    command += ["--input-len", str(args.input_len), "--output-len", str(args.output_len)]
-    num_prompts = min(8, args.num_prompts) if warm_up else args.num_prompts
-    seed = args.seed + 1000 if warm_up else args.seed
-    command += ["--num-prompts", str(num_prompts), "--max-concurrency", str(args.max_concurrency)]
-    return [*command, "--seed", str(seed), "--out", str(out)]
+    """The measured load, or the untimed warm-up before it (8 prompts of another seed)."""
+    if warm_up:
+        args = argparse.Namespace(
+            **vars(args) | {"num_prompts": min(8, args.num_prompts), "seed": args.seed + 1000}
+        )
+    return served_steps.client_command(args, port, out, served_name="burst")
 
 
 async def serve_and_load(async_llm, probe: BurstProbe, args: argparse.Namespace) -> dict:
@@ -100,8 +91,8 @@ def request_table(burst: list[RequestTimes], steps: list[StepRecord], t0: float)
 
 def step_table(steps: list[StepRecord], t0: float) -> list[str]:
     lines = [
-        "| step | start | decode rows | prefill tokens | ms | ms / 1k tokens | gap ms |",
-        "|---|---|---|---|---|---|---|",
+        "| step | start | decode rows | prefill tokens | ms | ms / 1k tokens | gap ms | page faults |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for i, s in enumerate(steps, 1):
         tokens = s.num_decode_rows + s.num_prefill_tokens

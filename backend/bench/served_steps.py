@@ -49,7 +49,10 @@ def offline_pass(engine, prompts: list[list[int]], output_len: int, concurrency:
     return time.perf_counter() - start
 
 
-def client_command(args: argparse.Namespace, port: int, out: Path) -> list[str]:
+def client_command(
+    args: argparse.Namespace, port: int, out: Path, served_name: str = "served-steps"
+) -> list[str]:
+    """`app.py bench` with args' random workload (model, prompts, concurrency, lengths, seed), ignore_eos."""
     command = [
         sys.executable,
         str(REPO_ROOT / "app.py"),
@@ -57,7 +60,7 @@ def client_command(args: argparse.Namespace, port: int, out: Path) -> list[str]:
         "--base-url",
         f"http://127.0.0.1:{port}/v1",
     ]
-    command += ["--model", "served-steps", "--tokenizer", args.model, "--dataset", "random"]
+    command += ["--model", served_name, "--tokenizer", args.model, "--dataset", "random"]
     command += ["--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.max_concurrency)]
     command += ["--input-len", str(args.input_len), "--output-len", str(args.output_len)]
     return [*command, "--ignore-eos", "--seed", str(args.seed), "--out", str(out)]
