@@ -135,10 +135,11 @@ def summary(burst: list[RequestTimes], steps: list[StepRecord], t0: float, clien
     lines += [
         group_line(name, group) for name, group in (("prefill-only", prefill_only), ("mixed", mixed)) if group
     ]
-    rate = max((s.num_prefill_tokens / s.seconds for s in prefill_only), default=0.0)
+    largest = max(s.num_prefill_tokens for s in steps)
+    rate = max(s.num_prefill_tokens / s.seconds for s in steps if 2 * s.num_prefill_tokens >= largest)
     if rate:
         lines.append(
-            f"the k-th first token against its prefill at the best prefill-only step's {rate:,.0f} tok/s:"
+            f"the k-th first token against its prefill at the best full step's {rate:,.0f} prefill tok/s:"
         )
         for k in sorted({max(1, len(firsts) - 2), len(firsts)}):
             t = firsts[k - 1]
