@@ -126,6 +126,8 @@ def test_launch_this_plan_here_explains_and_offers_the_default_model(page, serve
 
 def test_chat_streams_while_kv_chart_rises(page, engine):
     open_tab(page, "Chat")
+    page.get_by_text("Sampling").click()
+    page.fill("#chat-max-tokens input", "64")  # enough to watch it stream; 256 only took longer
     page.fill("#chat-input textarea", "Write a long story about a dragon who learns to cook.")
     # the page records every length the reply shows (a slow test loop on a busy machine would miss some)
     page.evaluate(
@@ -151,7 +153,14 @@ def test_chat_streams_while_kv_chart_rises(page, engine):
         ".find(t => t.name.startsWith('KV')).y.filter(v => v !== null)"
     )
     assert max(kv_trace) > 0  # the chart itself, not only the numbers line
-    assert "tok/s" in page.locator("#chat-reply-stats").inner_text()
+    kv_top = page.evaluate(
+        "() => document.querySelector('#live-chart .js-plotly-plot').layout.yaxis2.range[1]"
+    )
+    assert max(kv_trace) <= kv_top <= max(10, 1.25 * max(kv_trace) + 10)  # zoomed to what is used
+    stats = page.locator("#chat-reply-stats").inner_text()
+    assert "tok/s" in stats and "64 tokens" in stats
+    # no floating label over the conversation (it covered the first lines of a scrolled reply)
+    assert page.locator("#chatbot [data-testid=block-label]").count() == 0
 
 
 def test_load_of_16_requests_batches(page, engine):

@@ -20,26 +20,10 @@ from backend.export.supervisor import ExternalServers
 from backend.server.engine_holder import EngineHolder, build_engine
 from tests.common_utils import free_port
 from tests.engine_utils import tiny_model
+from tests.ui_utils import EXPORT_FORM, PLAN_FORM
 from ui import bench_tab, chat_tab, compare_tab, export_tab, external, launch_tab, load, monitor_tab, plan_tab
 from ui.common import AppContext
 
-PLAN_FORM = dict(
-    model="meta-llama/Llama-3.1-8B-Instruct",
-    gpu="H100-80GB",
-    num_gpus=1,
-    tp=0,
-    pp=1,
-    quant="bf16",
-    kv_dtype="auto",
-    max_len=0,
-    input_len=1024,
-    output_len=256,
-    concurrency=16,
-    util=0.92,
-    engine="vllm",
-    ttft=0,
-    tpot=0,
-)
 LAUNCH_FORM = {  # the Launch form as it is sent, every EngineConfig field but the model
     **launch_tab.form_defaults(),
     **dict(
@@ -68,16 +52,6 @@ CHAT_FORM = dict(  # the Chat form as it is sent, by field name
     stop="",
     use_schema=False,
     schema="",
-)
-EXPORT_FORM = dict(
-    plan=None,
-    engines=["vllm"],
-    formats=["shell", "compose"],
-    host="127.0.0.1",
-    port=8000,
-    served="",
-    api_key="",
-    speculative="off",
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -106,7 +107,7 @@ def live_figure(samples: Sequence[dict[str, Any]], title: str = "Live engine met
             "Throughput (tok/s)",
             "KV-cache usage (%)",
             "Requests",
-            "Prefix cache, preemptions, speculation",
+            "Prefix hits, preemptions, drafts",
         ),
     )
     now = samples[-1]["timestamp"] if samples else 0.0
@@ -115,7 +116,7 @@ def live_figure(samples: Sequence[dict[str, Any]], title: str = "Live engine met
         values = [None if s.get(key) is None else s[key] * scale for s in samples]
         fig.add_scatter(x=seconds, y=values, name=label, mode="lines", row=row, col=col)
     fig.update_yaxes(title_text="tok/s", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text="% of KV blocks", range=[0, 100], row=1, col=2)
+    fig.update_yaxes(title_text="% of KV blocks", range=[0, kv_axis_top(samples)], row=1, col=2)
     fig.update_yaxes(title_text="requests", rangemode="tozero", row=2, col=1)
     fig.update_yaxes(title_text="% / count", rangemode="tozero", row=2, col=2)
     fig.update_xaxes(range=[min(-60.0, seconds[0] if seconds else 0.0), 0])
@@ -123,6 +124,13 @@ def live_figure(samples: Sequence[dict[str, Any]], title: str = "Live engine met
     fig.update_layout(title=title, height=540, legend=dict(orientation="h", y=-0.22), **_LAYOUT)
     fig.update_layout(uirevision="live")  # keep hidden series across refreshes
     return fig
+
+
+def kv_axis_top(samples: Sequence[dict[str, Any]]) -> float:
+    """The KV-usage panel's top, in %: 100 once usage is high, else a step of 10 above the peak, so that
+    a few chats on a large pool (a few % of the blocks) still show as a curve rather than a flat line."""
+    peak = max((s["kv_cache_usage"] * 100 for s in samples if s.get("kv_cache_usage") is not None), default=0)
+    return min(100.0, max(10.0, 10.0 * math.ceil(peak * 1.25 / 10)))
 
 
 def kv_block_map_figure(block_owners: dict[str, list[int]], num_blocks: int, columns: int = 64) -> go.Figure:

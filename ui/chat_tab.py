@@ -220,8 +220,10 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.Timer:
     """The Chat tab; returns its timer so the app can run it only while the tab is visible."""
     with gr.Row():
         with gr.Column(scale=5):
-            chatbot = gr.Chatbot(
+            chatbot = gr.Chatbot(  # no floating label: it covered the first lines of a scrolled reply
                 label="Chat with the launched engine",
+                show_label=False,
+                placeholder="Chat with the engine launched in the Launch tab.",
                 height=420,
                 elem_id="chatbot",
                 buttons=["copy"],
@@ -250,7 +252,9 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.Timer:
                     form["top_p"] = gr.Slider(0.01, 1, value=1, step=0.01, label="top_p")
                     form["top_k"] = gr.Number(-1, label="top_k (-1 = off)", precision=0, minimum=-1)
                 with gr.Row():
-                    form["max_tokens"] = gr.Number(256, label="max tokens", precision=0, minimum=1)
+                    form["max_tokens"] = gr.Number(
+                        256, label="max tokens", precision=0, minimum=1, elem_id="chat-max-tokens"
+                    )
                     form["seed"] = gr.Number(-1, label="seed (-1 = random)", precision=0, minimum=-1)
                     form["stop"] = gr.Textbox("", label="stop strings (one per line)", lines=1)
         with gr.Column(scale=6):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -138,7 +139,17 @@ def ms(seconds: float | None) -> str:
 
 
 def usd_per_m(cost: float | None) -> str:
-    return "–" if cost is None else f"${cost:,.3f} / 1M tok"
+    """Dollars per million tokens; under a cent with two significant digits, so a small model's cost
+    never reads as $0.000."""
+    if cost is None:
+        return "–"
+    digits = 3 if cost == 0 or cost >= 0.01 else 1 - math.floor(math.log10(cost))
+    return f"${cost:,.{digits}f} / 1M tok"
+
+
+def count(value: float | None) -> str:
+    """A number of things (requests, blocks): whole, even when a /metrics gauge sends it as a float."""
+    return "–" if value is None else f"{value:,.0f}"
 
 
 def percent(fraction: float | None) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 import gradio as gr
 
+from backend.export.base import Skipped
 from ui.common import AppContext, describe, error_message, form_values, message, ok_message, required_int
 
 LANGUAGES = {
@@ -43,7 +44,7 @@ def plan_summary(plan: dict[str, Any] | None) -> str:
 
 def export_plan(form: dict[str, Any]) -> tuple:
     """(files state, file picker, preview, zip path, message) for form["plan"] and the export options."""
-    from backend.export import ExportOptions, export_files, zip_files
+    from backend.export import ExportOptions, build_export, zip_files
     from backend.planner import PlanRequest
 
     none = (gr.skip(),) * 4
@@ -60,23 +61,44 @@ def export_plan(form: dict[str, Any]) -> tuple:
             api_key_env=(form["api_key"] or "").strip() or None,
             speculative_method=None if form["speculative"] == "off" else form["speculative"],
         )
-        files = export_files(
+        result = build_export(
             PlanRequest(**plan), options, engines=list(engines), formats=list(form["formats"] or [])
         )
     except Exception as exc:  # impossible combinations and bad values come back as ValueError with the reason
         return *none, error_message(describe(exc))
+    files = result.files
     folder = Path(tempfile.mkdtemp(prefix="export-"))
     archive = folder / "deploy.zip"
     archive.write_bytes(zip_files(files))
     names = sorted(files)
-    first = next((n for n in names if n.endswith("launch.sh")), names[0])  # the command people came for
+    # the command people came for, of the first engine ticked (the list is in vLLM-first order)
+    launchers = [f"{engine}/launch.sh" for engine in engines if f"{engine}/launch.sh" in files]
+    first = launchers[0] if launchers else names[0]
     return (
         files,
         gr.update(choices=names, value=first),
         gr.update(value=files[first], language=language_of(first)),
         str(archive),
-        ok_message(f"{len(files)} files ready; pick one to preview, or download them all"),
+        ready_message(len(files), result.skipped),
     )
+
+
+def ready_message(num_files: int, skipped: list[Skipped]) -> str:
+    """How many files are ready and, folded, each chosen engine/format pair that cannot work and why
+    (ticking every box makes what can be made instead of refusing it all)."""
+    text = f"{num_files} files ready; pick one to preview, or download them all"
+    if not skipped:
+        return ok_message(text)
+    reasons = "".join(
+        f"<li><b>{html.escape(s.format if s.engine == '-' else f'{s.engine}/{s.format}')}</b>: "
+        f"{html.escape(s.reason)}</li>"
+        for s in skipped
+    )
+    body = (
+        f"{html.escape(text)}. <details><summary>{len(skipped)} chosen engine/format pairs cannot work "
+        f"and were skipped (README.md lists them too)</summary><ul>{reasons}</ul></details>"
+    )
+    return message("ok", body_html=body)
 
 
 def preview(files: dict[str, str] | None, name: str | None) -> Any:

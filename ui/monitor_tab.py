@@ -10,7 +10,7 @@ import gradio as gr
 from backend.bench.monitor import metrics_url
 from backend.url_guard import URLGuard
 from ui import charts
-from ui.common import AppContext, error_message, info_message, message, percent, tok_s
+from ui.common import AppContext, count, error_message, info_message, message, percent, tok_s
 
 MAX_SAMPLES = 180
 
@@ -18,8 +18,8 @@ MAX_SAMPLES = 180
 def summary_html(sample: dict[str, Any]) -> str:
     body = (
         f"engine <b>{html.escape(str(sample.get('engine')))}</b> · "
-        f"running <b>{sample.get('num_requests_running')}</b> · "
-        f"waiting <b>{sample.get('num_requests_waiting')}</b> · "
+        f"running <b>{count(sample.get('num_requests_running'))}</b> · "
+        f"waiting <b>{count(sample.get('num_requests_waiting'))}</b> · "
         f"KV cache <b>{percent(sample.get('kv_cache_usage'))}</b> · generation "
         f"<b>{tok_s(sample.get('generation_tokens_per_s'))}</b> · prefix hits "
         f"<b>{percent(sample.get('prefix_cache_hit_rate'))}</b>"

@@ -5,7 +5,15 @@ data = zip_files(files)
 """
 
 from backend.export.base import ExportOptions
-from backend.export.files import ENGINES, FORMATS, export_files, main_command, zip_files
+from backend.export.files import (
+    ENGINES,
+    FORMATS,
+    ExportResult,
+    build_export,
+    export_files,
+    main_command,
+    zip_files,
+)
 from backend.export.plan import ExportPlan, resolve
 
 __all__ = [
@@ -13,6 +21,8 @@ __all__ = [
     "FORMATS",
     "ExportOptions",
     "ExportPlan",
+    "ExportResult",
+    "build_export",
     "export_files",
     "main_command",
     "resolve",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import zipfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from backend.engines import ENGINE_TRAITS
 from backend.export import (
@@ -95,22 +96,25 @@ def main_command(plan: ExportPlan, engine: str) -> str:
     return shell_command(EXPORTERS[engine].command(plan, plan.options.host, plan.options.port))
 
 
-def export_files(
+@dataclass(slots=True)
+class ExportResult:
+    """What an export made ({relative path: content}, README.md included) and what it could not."""
+
+    files: dict[str, str]
+    skipped: list[Skipped]
+
+
+def build_export(
     req: PlanRequest,
     options: ExportOptions | None = None,
     engines: Sequence[str] | str = ("vllm",),
     formats: Sequence[str] | str = ("shell", "compose"),
-    strict: bool | None = None,
-) -> dict[str, str]:
-    """Files for each engine and format: {"vllm/launch.sh": "...", ..., "README.md": "..."}.
-
-    strict=True raises ValueError for any (engine, format) pair that cannot work; strict=False skips such
-    pairs and lists them with the reason in README.md (ValueError only when nothing at all can be made).
-    The default is strict unless "all" engines or formats were chosen.
-    """
+) -> ExportResult:
+    """Every file the chosen engines and formats can make; the pairs that cannot work are skipped, each
+    with its reason (also listed in README.md). ValueError only when nothing at all can be made."""
     options = options or ExportOptions()
-    chosen_engines, all_engines = expand(engines, ENGINES, "engine")
-    chosen_formats, all_formats = expand(formats, FORMATS, "format")
+    chosen_engines, _ = expand(engines, ENGINES, "engine")
+    chosen_formats, _ = expand(formats, FORMATS, "format")
     plan = resolve(req, options)
     files: dict[str, str] = {}
     skipped: list[Skipped] = []
@@ -124,13 +128,35 @@ def export_files(
             files |= space_bundle(plan)
         except Unsupported as err:
             skipped.append(Skipped("-", "space", str(err)))
-    if strict is None:
-        strict = not (all_engines or all_formats)
-    if (skipped and strict) or not files:
-        reasons = "; ".join(f"{s.engine}/{s.format}: {s.reason}" for s in skipped)
-        raise ValueError(f"cannot export {reasons}" if reasons else "nothing to export")
+    if not files:
+        raise ValueError(f"cannot export {skipped_text(skipped)}" if skipped else "nothing to export")
     files["README.md"] = readme(plan, files, skipped)
-    return dict(sorted(files.items()))
+    return ExportResult(dict(sorted(files.items())), skipped)
+
+
+def skipped_text(skipped: list[Skipped]) -> str:
+    return "; ".join(f"{s.engine}/{s.format}: {s.reason}" for s in skipped)
+
+
+def export_files(
+    req: PlanRequest,
+    options: ExportOptions | None = None,
+    engines: Sequence[str] | str = ("vllm",),
+    formats: Sequence[str] | str = ("shell", "compose"),
+    strict: bool | None = None,
+) -> dict[str, str]:
+    """Files for each engine and format: {"vllm/launch.sh": "...", ..., "README.md": "..."}.
+
+    strict=True raises ValueError for any (engine, format) pair that cannot work; strict=False skips such
+    pairs and lists them with the reason in README.md (ValueError only when nothing at all can be made).
+    The default is strict unless "all" engines or formats were chosen.
+    """
+    result = build_export(req, options, engines, formats)
+    if strict is None:
+        strict = not (expand(engines, ENGINES, "engine")[1] or expand(formats, FORMATS, "format")[1])
+    if strict and result.skipped:
+        raise ValueError(f"cannot export {skipped_text(result.skipped)}")
+    return result.files
 
 
 def space_bundle(plan: ExportPlan) -> dict[str, str]:
