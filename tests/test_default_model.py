@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from backend import default_model as dm
-from backend.hf_reference import hf_chat_greedy, load_hf_model
+from backend.hf_reference import hf_chat_greedy
 
 
 def test_packaged_gguf_is_found_without_importing_the_package():
@@ -62,8 +62,8 @@ def test_a_public_app_names_a_local_model_without_its_path(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_default_model_knows_the_capital_of_france():
-    model, tokenizer = load_hf_model(dm.default_model())
+def test_default_model_knows_the_capital_of_france(default_hf_model):
+    model, tokenizer = default_hf_model  # load_hf_model(dm.default_model()), once per session
     answer = hf_chat_greedy(
         model, tokenizer, [{"role": "user", "content": "What is the capital of France?"}], max_new_tokens=16
     )

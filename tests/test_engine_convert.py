@@ -14,13 +14,13 @@ MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.mark.slow
-def test_dense_folder_gives_the_gguf_greedy_tokens(default_dense_model):
+def test_dense_folder_gives_the_gguf_greedy_tokens(default_dense_model, default_hf_model):
     names = sorted(p.name for p in default_dense_model.iterdir())
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(names)
     config = json.loads((default_dense_model / "config.json").read_text())
     assert "quantization_config" not in config and config["architectures"] == ["LlamaForCausalLM"]
     dense = hf_chat_greedy(*load_hf_model(str(default_dense_model)), MESSAGES, max_new_tokens=12)
-    from_gguf = hf_chat_greedy(*load_hf_model(str(packaged_gguf())), MESSAGES, max_new_tokens=12)
+    from_gguf = hf_chat_greedy(*default_hf_model, MESSAGES, max_new_tokens=12)  # transformers on the GGUF
     assert dense == from_gguf
     assert "Paris" in dense
 

@@ -3,7 +3,8 @@ same dequantized weights: identical greedy tokens in fp32; in bf16 (dense, and k
 differing token of each prompt is within the other side's top-5.
 
 Parsing the GGUF file dominates this module's time, so it is read three times only: by transformers for
-the reference, and by the engine's GGUF loader for the fp32 check and the bf16 run kept quantized. The
+the reference (the session's `default_hf_model`, shared with other modules), and by the engine's GGUF
+loader for the fp32 check and the bf16 run kept quantized. The
 dense bf16 engine loads the reference's dequantized weights saved as safetensors (the same weights,
 without another parse)."""
 
@@ -15,7 +16,6 @@ from safetensors.torch import save_file
 
 from backend.default_model import default_model
 from backend.engine import LLM, SamplingParams
-from backend.hf_reference import load_hf_model
 from tests.engine_utils import assert_engine_clean
 
 pytestmark = pytest.mark.slow
@@ -33,10 +33,10 @@ QUESTIONS = [
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(tmp_path_factory, default_hf_model):
     """(prompts, transformers fp32 greedy tokens, their per-step log-probabilities, a model folder
     holding transformers' dequantized weights)."""
-    model, tokenizer = load_hf_model(default_model(check_hub=False), torch.float32)
+    model, tokenizer = default_hf_model  # the GGUF read by transformers in fp32, once per session
     prompts, tokens, logprobs = [], [], []
     for question in QUESTIONS:
         text = tokenizer.apply_chat_template(
