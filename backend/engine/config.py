@@ -54,6 +54,11 @@ class EngineConfig:
     dequantize_weights: bool = knob(
         False, "expand a quantized checkpoint (GGUF) to dtype at load instead of running it as stored"
     )
+    enforce_eager: bool = knob(
+        False,
+        "run every step through the model's modules; off = decode-only steps on the CPU replay the "
+        "captured native kernel calls (vLLM's CUDA graphs) where the model supports it",
+    )
     speculative_config: str | None = knob(
         None,
         "speculative decoding, vLLM's JSON: "

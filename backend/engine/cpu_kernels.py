@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("paged_attention.cpp", "layers.cpp", "quantized.cpp", "packed_rows.cpp")]
 SOURCES += [CSRC / "gemm_bf16.cpp", CSRC / "prefill_attention.cpp", CSRC / "interleaved.cpp"]
+SOURCES += [CSRC / "step_graph.cpp"]
 FLAGS = ["-O3", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 BUILD_TIMEOUT_S = 300  # per compile step; a hung compiler must not hang the engine's start
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -194,6 +195,9 @@ def _open(path: Path) -> ctypes.CDLL:
         for qtype in INTERLEAVED_TYPES:
             getattr(library, f"interleaved_gemm_{qtype}").argtypes = QUANT_SIGNATURES["quant_gemv"]
             getattr(library, f"interleaved_gemm_{qtype}").restype = None
+        library.run_step_graph.argtypes = [PTR, INT, INT]
+        library.run_step_graph.restype = None
+        library.step_graph_op_size.restype = ctypes.c_int64
         library.quant_vector_width.restype = ctypes.c_int
         library.prefill_attention_bf16_dot.restype = ctypes.c_int
         library.packed_bf16_dot.restype = ctypes.c_int
@@ -247,7 +251,7 @@ def paged_decode_attention(
 ) -> None:
     kv_heads, num_blocks, block_size, head_dim = k_cache.shape
     assert q.stride(2) == 1 and q.stride(1) == head_dim and out.is_contiguous()
-    name = f"paged_decode_attention_{SUFFIX[q.dtype]}{CACHE_SUFFIX.get(k_cache.dtype, '')}"
+    name = kernel_name("paged_decode_attention", q.dtype, k_cache.dtype)
     function = getattr(load_library(), name)
     function(
         q.data_ptr(),
@@ -290,7 +294,7 @@ def paged_prefill_attention(
     """Causal attention of every prefill chunk of a step in one call (csrc/prefill_attention.cpp)."""
     kv_heads, num_blocks, block_size, head_dim = k_cache.shape
     assert q.stride(2) == 1 and q.stride(1) == head_dim and out.is_contiguous()
-    name = f"paged_prefill_attention_{SUFFIX[q.dtype]}{CACHE_SUFFIX.get(k_cache.dtype, '')}"
+    name = kernel_name("paged_prefill_attention", q.dtype, k_cache.dtype)
     getattr(load_library(), name)(
         q.data_ptr(),
         k_cache.data_ptr(),
@@ -318,6 +322,34 @@ def prefill_attention_bf16_dot() -> bool:
     return library is not None and library.prefill_attention_bf16_dot() == 1
 
 
+def kernel_name(base: str, dtype: torch.dtype, cache_dtype: torch.dtype | None = None) -> str:
+    """The library's symbol of a kernel for dtype activations (and a KV pool of cache_dtype)."""
+    return f"{base}_{SUFFIX[dtype]}{CACHE_SUFFIX.get(cache_dtype, '') if cache_dtype else ''}"
+
+
+def cache_limit(cache_dtype: torch.dtype) -> float:
+    """rope_and_cache's clamp: an fp8 pool's largest value (0.0: no clamp)."""
+    return torch.finfo(cache_dtype).max if cache_dtype in CACHE_SUFFIX else 0.0
+
+
+def kernel_address(name: str) -> int:
+    """A kernel's address, for the prepared calls of a captured decode step (decode_graph.py)."""
+    address = ctypes.cast(getattr(load_library(), name), ctypes.c_void_p).value
+    assert address, name
+    return address
+
+
+def step_graph_op_size() -> int:
+    """sizeof(Op) in csrc/step_graph.cpp (graph_ops.Op must match it)."""
+    library = load_library()
+    return 0 if library is None else library.step_graph_op_size()
+
+
+def run_step_graph(ops: ctypes.Array, rows: int) -> None:
+    """Every prepared call of ops in order, each with rows in its rows slot (csrc/step_graph.cpp)."""
+    load_library().run_step_graph(ctypes.addressof(ops), len(ops), rows)
+
+
 def rope_and_cache(
     qkv: torch.Tensor,  # [T, (H + 2 * KVH) * D], contiguous: q and k rotated in place
     positions: torch.Tensor,  # [T] int64
@@ -331,9 +363,7 @@ def rope_and_cache(
 ) -> None:
     kv_heads, num_blocks, block_size, head_dim = k_cache.shape
     assert qkv.is_contiguous() and qkv.shape[1] == (num_heads + 2 * kv_heads) * head_dim
-    cache_suffix = CACHE_SUFFIX.get(k_cache.dtype, "")
-    limit = torch.finfo(k_cache.dtype).max if cache_suffix else 0.0
-    getattr(load_library(), f"rope_and_cache_{SUFFIX[qkv.dtype]}{cache_suffix}")(
+    getattr(load_library(), kernel_name("rope_and_cache", qkv.dtype, k_cache.dtype))(
         qkv.data_ptr(),
         positions.data_ptr(),
         cos.data_ptr(),
@@ -347,7 +377,7 @@ def rope_and_cache(
         head_dim,
         num_blocks * block_size,
         *kv_scales,
-        limit,
+        cache_limit(k_cache.dtype),
     )
 
 

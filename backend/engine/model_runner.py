@@ -13,6 +13,7 @@ from backend.engine import cpu_kernels
 from backend.engine.attention import AttentionMetadata, PrefillChunk, pool_rows
 from backend.engine.config import KV_CACHE_DTYPES
 from backend.engine.cpu_kernels import PrefillKernelInputs
+from backend.engine.decode_graph import DecodeGraph, unsupported_reason
 from backend.engine.models.llama import LlamaForCausalLM
 from backend.engine.scheduler import ScheduledSeq
 
@@ -75,6 +76,17 @@ class ModelRunner:
         ]
         self.decode_kernel = cpu_kernels.supports(self.device, self.dtype)
         self.prefill_kernel = cpu_kernels.prefill_attention_enabled(self.device, self.dtype)
+        self.decode_graph: DecodeGraph | None = None  # set by capture_decode_graph
+
+    def capture_decode_graph(self, max_num_seqs: int, max_model_len: int) -> str | None:
+        """Capture decode-only steps as one native call each (decode_graph.py); returns why the model
+        cannot be (its steps then all take the modules)."""
+        reason = unsupported_reason(self.model, self.decode_kernel)
+        if reason is None:
+            self.decode_graph = DecodeGraph(
+                self.model, self.kv_caches, max_num_seqs, max_model_len, self.block_size
+            )
+        return reason
 
     @staticmethod
     def bytes_per_block(model: LlamaForCausalLM, block_size: int, kv_cache_dtype: str = "auto") -> int:
@@ -102,6 +114,10 @@ class ModelRunner:
         decode kernel, not a prefill chunk's gather and masked attention; as vLLM's spec decode does)."""
         decodes = [s for s in scheduled if s.num_new_tokens == 1 + len(s.spec_token_ids)]
         prefills = [s for s in scheduled if s.num_new_tokens != 1 + len(s.spec_token_ids)]
+        if self.decode_graph is not None and not prefills:
+            step = self.decode_graph.step_rows(decodes)
+            if step is not None:  # every row a plain decode: the captured calls
+                return decodes, self.decode_graph.run(step)
         ordered = decodes + prefills
         inputs = self.prepare_inputs(ordered)
         num_decode_rows = sum(s.num_new_tokens for s in decodes)

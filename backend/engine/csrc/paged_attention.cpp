@@ -293,7 +293,11 @@ void decode_attention(const T *q, const C *k_cache, const C *v_cache, const int6
                       int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,
                       int64_t max_blocks, int64_t q_stride, float scale, float v_scale) {
     const int64_t G = num_heads / num_kv_heads, D = head_dim;
-    const int64_t scratch_size = 2 * G * D + MAX_TILE * D + G * max_blocks * block_size;
+    // scores sized by the longest context, not by the tables' width (a captured decode step's tables are
+    // max_model_len wide: their scratch would be zeroed for nothing, every layer)
+    int64_t longest = 0;
+    for (int64_t t = 0; t < num_tokens; t++) longest = std::max(longest, context_lens[t]);
+    const int64_t scratch_size = 2 * G * D + MAX_TILE * D + G * longest;
     const int64_t pairs = num_tokens * num_kv_heads;
     const int64_t tile = std::min(block_size, MAX_TILE);
     auto tiles_of = [&](int64_t pair) {

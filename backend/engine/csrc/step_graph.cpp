@@ -1,0 +1,87 @@
+// A captured decode step (backend/engine/decode_graph.py) replayed in one call: an array of prepared kernel
+// calls, each the address of one of this library's kernels, its signature and its arguments (pointers into
+// the step's persistent buffers, sizes, scales), run in order. The row count is the one argument that
+// changes from step to step: each op names the integer slot that takes it. What vLLM's CUDA graphs do for
+// kernel launches this does for the Python around each native call (argument conversion, module calls,
+// fresh output tensors): a step's 250 calls cost one ctypes call.
+// Pointers travel as int64 slots and are passed back as void * to the kernel's exact signature.
+#include <cstdint>
+
+namespace {
+
+enum Signature : int64_t {
+    GEMM = 0,            // (x, w, bias, y, rows, n, k, ldy): interleaved_gemm_*, gemm_bf16_silu_and_mul
+    GEMM_BF16 = 1,       // (x, w, bias, y, rows, n, k, ldy, float_out)
+    RMS_NORM = 2,        // (x, weight, out, rows, dim, eps)
+    ADD_RMS_NORM = 3,    // (x, residual, weight, out, residual_out, rows, dim, eps)
+    SILU_AND_MUL = 4,    // (gate_up, out, rows, dim)
+    ROPE_AND_CACHE = 5,  // (qkv, positions, cos, sin, slots, k_cache, v_cache, rows, heads, kv_heads, dim,
+                         //  slots, k_scale, v_scale, limit)
+    DECODE_ATTENTION = 6,  // (q, k_cache, v_cache, tables, lens, out, rows, heads, kv_heads, dim, blocks,
+                           //  block_size, max_blocks, q_stride, scale, v_scale)
+};
+
+constexpr int MAX_INTS = 14;
+constexpr int MAX_FLOATS = 3;
+
+struct Op {  // decode_graph.Op mirrors this layout
+    void *function;
+    int64_t signature;
+    int64_t rows_slot;  // which of ints takes the step's row count
+    int64_t ints[MAX_INTS];
+    float floats[MAX_FLOATS];
+};
+
+using P = void *;
+using I = int64_t;
+using F = float;
+
+inline P p(const int64_t *a, int i) { return reinterpret_cast<P>(a[i]); }
+
+void run(const Op &op) {
+    const int64_t *a = op.ints;
+    const float *f = op.floats;
+    switch (op.signature) {
+        case GEMM:
+            reinterpret_cast<void (*)(P, P, P, P, I, I, I, I)>(op.function)(p(a, 0), p(a, 1), p(a, 2), p(a, 3),
+                                                                        a[4], a[5], a[6], a[7]);
+            break;
+        case GEMM_BF16:
+            reinterpret_cast<void (*)(P, P, P, P, I, I, I, I, I)>(op.function)(p(a, 0), p(a, 1), p(a, 2), p(a, 3),
+                                                                           a[4], a[5], a[6], a[7], a[8]);
+            break;
+        case RMS_NORM:
+            reinterpret_cast<void (*)(P, P, P, I, I, F)>(op.function)(p(a, 0), p(a, 1), p(a, 2), a[3], a[4], f[0]);
+            break;
+        case ADD_RMS_NORM:
+            reinterpret_cast<void (*)(P, P, P, P, P, I, I, F)>(op.function)(p(a, 0), p(a, 1), p(a, 2), p(a, 3),
+                                                                        p(a, 4), a[5], a[6], f[0]);
+            break;
+        case SILU_AND_MUL:
+            reinterpret_cast<void (*)(P, P, I, I)>(op.function)(p(a, 0), p(a, 1), a[2], a[3]);
+            break;
+        case ROPE_AND_CACHE:
+            reinterpret_cast<void (*)(P, P, P, P, P, P, P, I, I, I, I, I, F, F, F)>(op.function)(
+                p(a, 0), p(a, 1), p(a, 2), p(a, 3), p(a, 4), p(a, 5), p(a, 6), a[7], a[8], a[9], a[10], a[11],
+                f[0], f[1], f[2]);
+            break;
+        case DECODE_ATTENTION:
+            reinterpret_cast<void (*)(P, P, P, P, P, P, I, I, I, I, I, I, I, I, F, F)>(op.function)(
+                p(a, 0), p(a, 1), p(a, 2), p(a, 3), p(a, 4), p(a, 5), a[6], a[7], a[8], a[9], a[10], a[11], a[12],
+                a[13], f[0], f[1]);
+            break;
+    }
+}
+
+}  // namespace
+
+extern "C" int64_t step_graph_op_size() { return sizeof(Op); }
+
+// ops[0 .. num_ops) in order, each with its rows slot set to rows (the array is left as it was)
+extern "C" void run_step_graph(const Op *ops, int64_t num_ops, int64_t rows) {
+    for (int64_t i = 0; i < num_ops; i++) {
+        Op op = ops[i];
+        op.ints[op.rows_slot] = rows;
+        run(op);
+    }
+}

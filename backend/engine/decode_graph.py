@@ -1,0 +1,193 @@
+"""DecodeGraph: a decode-only step on the CPU captured once as a flat list of native kernel calls, then
+replayed every such step in one call (csrc/step_graph.cpp): vLLM's CUDA graphs, where what is saved is
+not kernel launches but the Python around each call (module calls, argument conversion, new tensors).
+
+Every call reads and writes persistent buffers sized for max_num_seqs rows: the step's token ids,
+positions, slots and context lengths ([4, S] int64), block tables [S, max_blocks] (max_model_len wide, so
+a row's stride never changes), hidden states, two residual streams (the fused add + norm may not write
+its input), q/k/v, attention output, gate/up, the MLP activation and the logits. A step with M rows
+copies its inputs into the first M rows, embeds its tokens with a torch call, then runs the calls with
+M as their row count; rows past M are never read. The calls are those of the eager modules with the same
+arguments (the decode kernel reads a row's first ceil(len / block_size) table entries whatever the
+tables' width), so the logits are the eager path's bit for bit (tests/test_decode_graph.py).
+
+A step is captured-path only when every row is one plain decode that samples (no prefill chunk, no
+draft tokens); any other step takes the modules. `unsupported_reason` says why a model cannot be
+captured at all (logged once when the engine starts).
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from backend.engine import cpu_kernels
+from backend.engine.graph_ops import (
+    Op,
+    add_rms_norm_op,
+    decode_attention_op,
+    linear_ops,
+    rms_norm_op,
+    rope_and_cache_op,
+    silu_and_mul_op,
+    unsupported_linear,
+)
+from backend.engine.models.llama import DecoderLayer, Linear, LlamaForCausalLM, RMSNorm
+from backend.engine.scheduler import ScheduledSeq
+
+
+def unsupported_reason(model: LlamaForCausalLM, uses_decode_kernel: bool) -> str | None:
+    """Why this model's decode steps cannot be captured (None: they can)."""
+    if not uses_decode_kernel or cpu_kernels.step_graph_op_size() != ctypes.sizeof(Op):
+        return "the native CPU kernels do not serve this device and dtype"
+    if model.args.qk_norm:
+        return "q/k norm (Qwen3) has no captured kernel"
+    layer = model.layers[0]
+    if not (layer.self_attn.use_kernel and layer.input_layernorm.use_kernel):
+        return "RoPE, the cache write or the norms are not on the native kernels"
+    for module in model.modules():
+        if isinstance(module, DecoderLayer):
+            projections = [module.self_attn.qkv_proj, module.self_attn.o_proj]
+            projections += [module.mlp.gate_up_proj, module.mlp.down_proj]
+            reasons = [unsupported_linear(p) for p in projections]
+            if any(reasons):
+                return next(r for r in reasons if r)
+    if model.lm_head is None:
+        return "a tied lm_head that is not prepared"
+    return unsupported_linear(model.lm_head)
+
+
+@dataclass(slots=True)
+class StepRows:
+    """A decode-only step as the graph reads it, rows in the scheduler's order."""
+
+    ints: array.array  # token ids, then positions, then slots, then context lengths: 4 M int64
+    tables: array.array  # M rows of max(blocks) entries, padded with block 0
+    num_blocks: int  # max(blocks): the tables' width this step
+
+
+class DecodeGraph:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        max_num_seqs: int,
+        max_model_len: int,
+        block_size: int,
+    ) -> None:
+        args, self.model, self.block_size = model.args, model, block_size
+        self.max_num_seqs = size = max_num_seqs
+        self.max_blocks = -(-max_model_len // block_size)
+        dtype, device = model.norm.weight.dtype, model.norm.weight.device
+
+        def buffer(width: int, buffer_dtype: torch.dtype = dtype) -> torch.Tensor:
+            return torch.zeros(size, width, dtype=buffer_dtype, device=device)
+
+        self.step_ints = torch.zeros(4, size, dtype=torch.int64, device=device)
+        self.block_tables = torch.zeros(size, self.max_blocks, dtype=torch.int64, device=device)
+        self.hidden = buffer(args.hidden_size)  # the embeddings: layer 0's residual
+        self.residuals = (buffer(args.hidden_size), buffer(args.hidden_size))
+        self.normed, self.out = buffer(args.hidden_size), buffer(args.hidden_size)
+        attention = model.layers[0].self_attn
+        self.qkv = buffer(attention.q_size + 2 * attention.kv_size)
+        self.attention_out = buffer(attention.q_size)
+        self.gate_up = buffer(2 * args.intermediate_size)
+        self.activation = buffer(args.intermediate_size)
+        float_logits = isinstance(model.lm_head, Linear) and model.lm_head.float_output  # else dtype logits
+        self.logits = buffer(args.vocab_size, torch.float32 if float_logits else dtype)
+        ops = self.capture(kv_caches)
+        self.ops = (Op * len(ops))(*ops)
+
+    def capture(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[Op]:
+        """The step's calls in order: per layer its norms, projections, RoPE + cache write and attention."""
+        model = self.model
+        ops: list[Op] = []
+        residual = self.hidden
+        for i, (layer, kv_cache) in enumerate(zip(model.layers, kv_caches, strict=True)):
+            norm = layer.input_layernorm
+            if i == 0:
+                ops.append(rms_norm_op(self.hidden, norm.weight, norm.eps, self.normed))
+            else:
+                residual = self.add_norm(residual, norm, ops)
+            ops += self.attention_ops(layer, kv_cache)
+            residual = self.add_norm(residual, layer.post_attention_layernorm, ops)
+            ops += self.mlp_ops(layer)
+        self.add_norm(residual, model.norm, ops)  # the eager path's norm(x + residual) of the last layer
+        assert model.lm_head is not None
+        return ops + linear_ops(model.lm_head, self.normed, self.logits)
+
+    def add_norm(self, residual: torch.Tensor, norm: RMSNorm, ops: list[Op]) -> torch.Tensor:
+        """Appends normed = norm(out + residual); returns the residual stream it wrote (the other buffer)."""
+        stream = self.residuals[1] if residual is self.residuals[0] else self.residuals[0]
+        ops.append(add_rms_norm_op(self.out, residual, norm.weight, norm.eps, self.normed, stream))
+        return stream
+
+    def attention_ops(self, layer: DecoderLayer, kv_cache: tuple[torch.Tensor, torch.Tensor]) -> list[Op]:
+        attention, model = layer.self_attn, self.model
+        positions, slots, context_lens = self.step_ints[1], self.step_ints[2], self.step_ints[3]
+        rope = (model.rope_cos, model.rope_sin)
+        return [
+            *linear_ops(attention.qkv_proj, self.normed, self.qkv),
+            rope_and_cache_op(
+                self.qkv, positions, slots, rope, kv_cache, attention.num_heads, attention.kv_scales
+            ),
+            decode_attention_op(
+                self.qkv,
+                kv_cache,
+                self.block_tables,
+                context_lens,
+                self.attention_out,
+                attention.scale,
+                attention.kv_scales,
+            ),
+            *linear_ops(attention.o_proj, self.attention_out, self.out),
+        ]
+
+    def mlp_ops(self, layer: DecoderLayer) -> list[Op]:
+        mlp = layer.mlp
+        if mlp.fused_silu_and_mul:
+            ops = linear_ops(mlp.gate_up_proj, self.normed, self.activation)
+        else:
+            ops = linear_ops(mlp.gate_up_proj, self.normed, self.gate_up)
+            ops.append(silu_and_mul_op(self.gate_up, self.activation))
+        return ops + linear_ops(mlp.down_proj, self.activation, self.out)
+
+    def step_rows(self, decodes: list[ScheduledSeq]) -> StepRows | None:
+        """The step's inputs, or None when it is not for the graph (a row that is not a plain decode that
+        samples, more rows than the buffers hold, a table wider than max_model_len's)."""
+        if len(decodes) > self.max_num_seqs:
+            return None
+        bs = self.block_size
+        ids, positions, slots = array.array("q"), array.array("q"), array.array("q")
+        tables: list[list[int]] = []
+        for item in decodes:
+            seq = item.seq
+            position = seq.num_computed_tokens
+            if item.num_new_tokens != 1 or item.spec_token_ids or position + 1 != len(seq.token_ids):
+                return None
+            ids.append(seq.token_ids[position])
+            positions.append(position)
+            slots.append(seq.block_table[position // bs] * bs + position % bs)
+            tables.append(seq.block_table[: position // bs + 1])
+        num_blocks = max(map(len, tables))
+        if num_blocks > self.max_blocks:
+            return None
+        padded = array.array("q")
+        for table in tables:
+            padded.extend(table)
+            padded.extend([0] * (num_blocks - len(table)))
+        lens = array.array("q", (p + 1 for p in positions))
+        return StepRows(ids + positions + slots + lens, padded, num_blocks)
+
+    def run(self, step: StepRows) -> torch.Tensor:
+        """The step's logits [M, vocab] fp32 (a view of the graph's buffer for an fp32 lm_head)."""
+        rows = len(step.ints) // 4
+        self.step_ints[:, :rows].copy_(torch.frombuffer(step.ints, dtype=torch.int64).view(4, rows))
+        tables = torch.frombuffer(step.tables, dtype=torch.int64).view(rows, step.num_blocks)
+        self.block_tables[:rows, : step.num_blocks].copy_(tables)
+        self.hidden[:rows].copy_(self.model.embed_tokens(self.step_ints[0, :rows]))
+        cpu_kernels.run_step_graph(self.ops, rows)
+        return self.logits[:rows].float()

@@ -1,0 +1,155 @@
+"""The prepared native calls of a captured decode step (csrc/step_graph.cpp runs them): one Op per kernel
+call, holding the kernel's address, its signature and its arguments, pointers into tensors that outlive
+the graph (weights, the KV pool, the graph's buffers), and the slot of the row count each step sets.
+
+`linear_ops` says, for a projection, which calls compute it, or why none do (then the model stays eager).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from enum import IntEnum
+
+import torch
+
+from backend.engine import cpu_kernels
+from backend.engine.models.llama import Linear
+from backend.engine.quantization.interleaved import Interleaved
+from backend.engine.quantization.quantized_linear import QuantizedLinear
+
+MAX_INTS, MAX_FLOATS = 14, 3  # csrc/step_graph.cpp
+
+
+class Signature(IntEnum):  # csrc/step_graph.cpp's, with the argument lists written there
+    GEMM = 0
+    GEMM_BF16 = 1
+    RMS_NORM = 2
+    ADD_RMS_NORM = 3
+    SILU_AND_MUL = 4
+    ROPE_AND_CACHE = 5
+    DECODE_ATTENTION = 6
+
+
+class Op(ctypes.Structure):
+    _fields_ = [
+        ("function", ctypes.c_void_p),
+        ("signature", ctypes.c_int64),
+        ("rows_slot", ctypes.c_int64),
+        ("ints", ctypes.c_int64 * MAX_INTS),
+        ("floats", ctypes.c_float * MAX_FLOATS),
+    ]
+
+
+def op(
+    name: str, signature: Signature, rows_slot: int, ints: list[int], floats: tuple[float, ...] = ()
+) -> Op:
+    """A call of the kernel named name (pointers and sizes in ints; ints[rows_slot] is set each step)."""
+    return Op(cpu_kernels.kernel_address(name), signature, rows_slot, (ctypes.c_int64 * MAX_INTS)(*ints),
+              (ctypes.c_float * MAX_FLOATS)(*floats))  # fmt: skip
+
+
+def ptr(tensor: torch.Tensor | None) -> int:
+    return 0 if tensor is None else tensor.data_ptr()
+
+
+def unsupported_linear(module: object) -> str | None:
+    """Why a projection has no captured calls (None: it has)."""
+    if isinstance(module, Linear):
+        return None if module.native_weight is not None else "a projection not on gemm_bf16 (oneDNN or torch)"
+    if isinstance(module, QuantizedLinear):
+        if module.use_kernel and module.all_interleaved:
+            return None
+        kinds = sorted({type(part).__name__ for part in module.parts})
+        return f"a quantized projection not all interleaved ({', '.join(kinds)})"
+    return f"a projection of type {type(module).__name__}"
+
+
+def linear_ops(module: Linear | QuantizedLinear, x: torch.Tensor, out: torch.Tensor) -> list[Op]:
+    """y = module(x) into out ([rows, out_features] rows of x [rows, in_features]); a fused gate_up
+    (Linear.fused_silu_and_mul) gives silu(gate) * up, [rows, out_features / 2], as its silu_and_mul()."""
+    ldy = out.stride(0)
+    if isinstance(module, Linear):
+        w, n, k = ptr(module.native_weight), module.out_features, module.in_features
+        if module.fused_silu_and_mul:
+            ints = [x.data_ptr(), w, ptr(module.packed_bias), out.data_ptr(), 0, n, k, ldy]
+            return [op("gemm_bf16_silu_and_mul", Signature.GEMM, 4, ints)]
+        float_out = int(out.dtype == torch.float32)
+        ints = [x.data_ptr(), w, ptr(module.packed_bias), out.data_ptr(), 0, n, k, ldy, float_out]
+        return [op("gemm_bf16", Signature.GEMM_BF16, 4, ints)]
+    ops, start = [], 0
+    for part in module.parts:
+        assert isinstance(part, Interleaved)
+        stop = start + part.shape[0]
+        bias = None if module.bias is None else module.bias[start:stop]
+        ints = [x.data_ptr(), ptr(part.data), ptr(bias), out[:, start].data_ptr(), 0, *part.shape, ldy]
+        ops.append(op(f"interleaved_gemm_{part.qtype}", Signature.GEMM, 4, ints))
+        start = stop
+    return ops
+
+
+def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> Op:
+    ints = [x.data_ptr(), weight.data_ptr(), out.data_ptr(), 0, x.shape[1]]
+    return op(cpu_kernels.kernel_name("rms_norm", x.dtype), Signature.RMS_NORM, 3, ints, (eps,))
+
+
+def add_rms_norm_op(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor,
+    sum_out: torch.Tensor,
+) -> Op:
+    """out = rms_norm(x + residual), sum_out = x + residual (sum_out must not be residual: __restrict)."""
+    ints = [
+        x.data_ptr(),
+        residual.data_ptr(),
+        weight.data_ptr(),
+        out.data_ptr(),
+        sum_out.data_ptr(),
+        0,
+        x.shape[1],
+    ]
+    return op(cpu_kernels.kernel_name("add_rms_norm", x.dtype), Signature.ADD_RMS_NORM, 5, ints, (eps,))
+
+
+def silu_and_mul_op(gate_up: torch.Tensor, out: torch.Tensor) -> Op:
+    ints = [gate_up.data_ptr(), out.data_ptr(), 0, out.shape[1]]
+    return op(cpu_kernels.kernel_name("silu_and_mul", out.dtype), Signature.SILU_AND_MUL, 2, ints)
+
+
+def rope_and_cache_op(
+    qkv: torch.Tensor,  # [S, (H + 2 KVH) * D]
+    positions: torch.Tensor,  # [S] int64
+    slots: torch.Tensor,  # [S] int64
+    rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin tables [max_positions, D]
+    kv_cache: tuple[torch.Tensor, torch.Tensor],  # [KVH, num_blocks, block_size, D] each
+    num_heads: int,
+    kv_scales: tuple[float, float],
+) -> Op:
+    k_cache, v_cache = kv_cache
+    kv_heads, num_blocks, block_size, head_dim = k_cache.shape
+    pointers = [qkv, positions, rope[0], rope[1], slots, k_cache, v_cache]
+    ints = [t.data_ptr() for t in pointers] + [0, num_heads, kv_heads, head_dim, num_blocks * block_size]
+    floats = (*kv_scales, cpu_kernels.cache_limit(k_cache.dtype))
+    name = cpu_kernels.kernel_name("rope_and_cache", qkv.dtype, k_cache.dtype)
+    return op(name, Signature.ROPE_AND_CACHE, 7, ints, floats)
+
+
+def decode_attention_op(
+    qkv: torch.Tensor,  # [S, (H + 2 KVH) * D]: q is each row's first H * D
+    kv_cache: tuple[torch.Tensor, torch.Tensor],
+    block_tables: torch.Tensor,  # [S, max_blocks] int64
+    context_lens: torch.Tensor,  # [S] int64
+    out: torch.Tensor,  # [S, H * D]
+    scale: float,
+    kv_scales: tuple[float, float],
+) -> Op:
+    k_cache, v_cache = kv_cache
+    kv_heads, num_blocks, block_size, head_dim = k_cache.shape
+    num_heads = out.shape[1] // head_dim
+    pointers = [qkv, k_cache, v_cache, block_tables, context_lens, out]
+    ints = [t.data_ptr() for t in pointers] + [0, num_heads, kv_heads, head_dim, num_blocks, block_size]
+    ints += [block_tables.shape[1], qkv.stride(0)]
+    name = cpu_kernels.kernel_name("paged_decode_attention", out.dtype, k_cache.dtype)
+    return op(name, Signature.DECODE_ATTENTION, 6, ints, (scale * kv_scales[0], kv_scales[1]))

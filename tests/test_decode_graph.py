@@ -1,0 +1,148 @@
+"""The captured decode step (decode_graph.py) computes what the model's modules compute: every step's
+logits bit-identical to enforce_eager's, and so the same greedy tokens, on a tiny random bf16 model and on
+the default GGUF kept at Q4_1, with an fp8 KV cache, while batches shrink and grow, under preemption,
+with prefix-cache hits and with speculative decoding (its verify steps take the modules). A planted
+stale buffer fails the comparison. Models the graph cannot serve keep the modules and say why."""
+
+from __future__ import annotations
+
+import array
+from typing import Any
+
+import pytest
+import torch
+
+from backend.default_model import packaged_gguf
+from backend.engine import LLM, SamplingParams
+from backend.engine.decode_graph import DecodeGraph
+from tests.engine_utils import assert_engine_clean, prompts, tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def recorded(llm: LLM) -> dict[str, list]:
+    """Record each step's logits (copied: the graph's are a view of its buffer) and count graph steps."""
+    runner = llm.llm_engine.runner
+    log: dict[str, list] = {"logits": [], "graph_steps": []}
+    execute = runner.execute
+
+    def record(scheduled):
+        sampling, logits = execute(scheduled)
+        log["logits"].append(logits.clone())
+        return sampling, logits
+
+    runner.execute = record
+    if runner.decode_graph is not None:
+        run = runner.decode_graph.run
+
+        def count(step):
+            log["graph_steps"].append(len(step.ints) // 4)
+            return run(step)
+
+        runner.decode_graph.run = count
+    return log
+
+
+def run_both(model: str, batch: list[list[int]], params: list[SamplingParams], **engine_kwargs: Any):
+    """(eager log, captured log, captured LLM) after generating batch with each; the token ids and every
+    step's logits are checked equal."""
+    llms = {eager: LLM(model, dtype="bfloat16", device="cpu", enforce_eager=eager, **engine_kwargs)
+            for eager in (True, False)}  # fmt: skip
+    if llms[False].llm_engine.runner.decode_graph is None:
+        pytest.skip("this CPU's kernels cannot capture the model (no AVX512_BF16 gemm_bf16 / interleaved)")
+    assert llms[True].llm_engine.runner.decode_graph is None
+    logs = {eager: recorded(llm) for eager, llm in llms.items()}
+    outputs = {eager: llm.generate(batch, params) for eager, llm in llms.items()}
+    tokens = {eager: [out.outputs[0].token_ids for out in outs] for eager, outs in outputs.items()}
+    assert tokens[False] == tokens[True]
+    assert len(logs[False]["logits"]) == len(logs[True]["logits"])
+    for step, (captured, eager) in enumerate(zip(logs[False]["logits"], logs[True]["logits"], strict=True)):
+        assert torch.equal(captured, eager), f"step {step}: logits differ"
+    for llm in llms.values():
+        assert_engine_clean(llm)
+    return logs[True], logs[False], llms[False]
+
+
+def joining_batch(vocab: int = 49152) -> tuple[list[list[int]], list[SamplingParams]]:
+    """Six requests, three running at a time, finishing at different steps: batches shrink, then grow as
+    the next ones join (their prefill steps take the modules)."""
+    batch = prompts(lengths=(5, 17, 33, 1, 40, 16), seed=3, vocab=vocab)
+    return batch, [greedy(n) for n in (12, 30, 7, 20, 9, 25)]
+
+
+def test_tiny_bf16_model_logits_equal_eager_as_batches_change():
+    batch, params = joining_batch()
+    eager, captured, llm = run_both(tiny_model("llama")[0], batch, params, max_num_seqs=3)
+    sizes = set(captured["graph_steps"])
+    assert {1, 2, 3} <= sizes, f"graph batch sizes {sorted(sizes)}"
+    assert len(captured["graph_steps"]) < len(captured["logits"])  # prefill steps took the modules
+    assert not eager["graph_steps"]
+
+
+def test_tiny_model_with_fp8_kv_cache_preemption_and_prefix_hits():
+    shared = prompts(lengths=(40,), seed=5)[0]
+    batch = [shared + p for p in prompts(lengths=(3, 9, 20, 2), seed=6)]
+    params = [greedy(n) for n in (40, 33, 26, 45)]
+    _, captured, llm = run_both(
+        tiny_model("llama_mqa_tied")[0],
+        batch,
+        params,
+        kv_cache_dtype="fp8",
+        num_kv_blocks=14,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+    )
+    stats = llm.stats()
+    assert stats.num_preemptions_total > 0
+    assert stats.prefix_cache_hits_total > 0
+    assert captured["graph_steps"]
+
+
+def test_speculative_verify_steps_take_the_modules():
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    ngram |= {"disable_by_batch_size": 1024}
+    batch = [p[:10] * 4 for p in prompts(lengths=(10, 10), seed=7)]  # repeats: the n-gram proposer drafts
+    _, captured, llm = run_both(
+        tiny_model("llama")[0], batch, [greedy(24)] * 2, speculative_config=ngram, max_num_seqs=2
+    )
+    stats = llm.llm_engine.speculator.stats
+    assert stats.num_draft_tokens > 0
+    assert len(captured["graph_steps"]) < len(captured["logits"])
+
+
+def test_default_gguf_q4_1_logits_equal_eager():
+    batch, params = joining_batch()
+    _, captured, llm = run_both(str(packaged_gguf()), batch[:4], params[:4], max_num_seqs=3)
+    assert llm.llm_engine.quantization.startswith("gguf"), llm.llm_engine.quantization
+    assert len(set(captured["graph_steps"])) >= 2
+
+
+def test_a_stale_buffer_fails_the_comparison(monkeypatch):
+    step_rows = DecodeGraph.step_rows
+    first_lens: dict[int, array.array] = {}
+
+    def stale_context_lens(self, decodes):  # planted bug: context lengths of the first step of each size
+        step = step_rows(self, decodes)
+        if step is not None:
+            rows = len(step.ints) // 4
+            step.ints[3 * rows :] = first_lens.setdefault(rows, step.ints[3 * rows :])
+        return step
+
+    monkeypatch.setattr(DecodeGraph, "step_rows", stale_context_lens)
+    with pytest.raises(AssertionError):
+        run_both(tiny_model("llama")[0], *joining_batch(), max_num_seqs=3)
+
+
+@pytest.mark.parametrize(
+    ("arch", "dtype", "reason"),
+    [("qwen3", "bfloat16", "q/k norm"), ("llama", "float32", "a projection not on gemm_bf16")],
+)
+def test_unsupported_models_keep_the_modules_and_say_why(arch, dtype, reason, caplog):
+    caplog.set_level("INFO", logger="backend.engine.llm_engine")
+    llm = LLM(tiny_model(arch)[0], dtype=dtype, device="cpu")
+    assert llm.llm_engine.runner.decode_graph is None
+    assert f"decode steps run the model's modules: {reason}" in caplog.text
