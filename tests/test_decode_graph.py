@@ -76,7 +76,7 @@ def joining_batch(vocab: int = 49152) -> tuple[list[list[int]], list[SamplingPar
 
 def test_tiny_bf16_model_logits_equal_eager_as_batches_change():
     batch, params = joining_batch()
-    eager, captured, llm = run_both(tiny_model("llama")[0], batch, params, max_num_seqs=3)
+    eager, captured, _ = run_both(tiny_model("llama")[0], batch, params, max_num_seqs=3)
     sizes = set(captured["graph_steps"])
     assert {1, 2, 3} <= sizes, f"graph batch sizes {sorted(sizes)}"
     assert len(captured["graph_steps"]) < len(captured["logits"])  # prefill steps took the modules
@@ -133,8 +133,9 @@ def test_a_stale_buffer_fails_the_comparison(monkeypatch):
         return step
 
     monkeypatch.setattr(DecodeGraph, "step_rows", stale_context_lens)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError) as failure:
         run_both(tiny_model("llama")[0], *joining_batch(), max_num_seqs=3)
+    assert "diff" in str(failure.value) or "logits differ" in str(failure.value)
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ EVERYTHING_SET = EngineConfig(
     model="/models/m.gguf", dtype="float16", device="cuda:1", block_size=32, max_num_seqs=3,
     max_num_batched_tokens=128, max_model_len=1024, num_kv_blocks=77, kv_cache_memory_bytes=5 << 20,
     kv_cache_dtype="fp8_e5m2",
-    enable_prefix_caching=False, seed=7, trust_remote_code=True, dequantize_weights=True,
+    enable_prefix_caching=False, seed=7, trust_remote_code=True, dequantize_weights=True, enforce_eager=True,
     speculative_config='{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":4}',
 )  # fmt: skip
 

@@ -102,6 +102,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also run each packed-int / fp8 format with its layers on the PyTorch tile path (no kernel)",
     )
+    parser.add_argument(
+        "--with-eager",
+        action="store_true",
+        help="also run dense bf16 and gguf Q4_1 with enforce_eager (their decode steps through the modules, "
+        "not the captured kernel calls): before and after side by side",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="quantized-formats-") as tmp:
         paths = checkpoints(Path(tmp))
@@ -110,6 +116,11 @@ def main(argv: list[str] | None = None) -> None:
             n: p for n, p in paths.items() if n == "dense bf16" or not wanted or n.startswith(tuple(wanted))
         }
         engines = {name: LLM(path, device="cpu", max_num_seqs=args.batch) for name, path in paths.items()}
+        if args.with_eager:
+            for name in ("dense bf16", "gguf Q4_1"):
+                engines[f"{name} (enforce_eager)"] = LLM(
+                    paths[name], device="cpu", max_num_seqs=args.batch, enforce_eager=True
+                )
         if args.pytorch_tiles:
             engines |= tile_engines(paths, args.batch)
         prompt = engines["dense bf16"].tokenizer.encode("The capital of France is")

@@ -347,7 +347,9 @@ def step_graph_op_size() -> int:
 
 def run_step_graph(ops: ctypes.Array, rows: int) -> None:
     """Every prepared call of ops in order, each with rows in its rows slot (csrc/step_graph.cpp)."""
-    load_library().run_step_graph(ctypes.addressof(ops), len(ops), rows)
+    library = load_library()
+    assert library is not None, "a graph is captured only where the library loaded"
+    library.run_step_graph(ctypes.addressof(ops), len(ops), rows)
 
 
 def rope_and_cache(

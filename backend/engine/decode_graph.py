@@ -39,22 +39,27 @@ from backend.engine.models.llama import DecoderLayer, Linear, LlamaForCausalLM, 
 from backend.engine.scheduler import ScheduledSeq
 
 
+def decoder_layers(model: LlamaForCausalLM) -> list[DecoderLayer]:
+    layers = [layer for layer in model.layers if isinstance(layer, DecoderLayer)]
+    assert len(layers) == len(model.layers)
+    return layers
+
+
 def unsupported_reason(model: LlamaForCausalLM, uses_decode_kernel: bool) -> str | None:
     """Why this model's decode steps cannot be captured (None: they can)."""
     if not uses_decode_kernel or cpu_kernels.step_graph_op_size() != ctypes.sizeof(Op):
         return "the native CPU kernels do not serve this device and dtype"
     if model.args.qk_norm:
         return "q/k norm (Qwen3) has no captured kernel"
-    layer = model.layers[0]
-    if not (layer.self_attn.use_kernel and layer.input_layernorm.use_kernel):
+    layers = decoder_layers(model)
+    if not (layers[0].self_attn.use_kernel and layers[0].input_layernorm.use_kernel):
         return "RoPE, the cache write or the norms are not on the native kernels"
-    for module in model.modules():
-        if isinstance(module, DecoderLayer):
-            projections = [module.self_attn.qkv_proj, module.self_attn.o_proj]
-            projections += [module.mlp.gate_up_proj, module.mlp.down_proj]
-            reasons = [unsupported_linear(p) for p in projections]
-            if any(reasons):
-                return next(r for r in reasons if r)
+    for layer in layers:
+        projections = [layer.self_attn.qkv_proj, layer.self_attn.o_proj]
+        projections += [layer.mlp.gate_up_proj, layer.mlp.down_proj]
+        reason = next((r for r in map(unsupported_linear, projections) if r), None)
+        if reason:
+            return reason
     if model.lm_head is None:
         return "a tied lm_head that is not prepared"
     return unsupported_linear(model.lm_head)
@@ -91,7 +96,7 @@ class DecodeGraph:
         self.hidden = buffer(args.hidden_size)  # the embeddings: layer 0's residual
         self.residuals = (buffer(args.hidden_size), buffer(args.hidden_size))
         self.normed, self.out = buffer(args.hidden_size), buffer(args.hidden_size)
-        attention = model.layers[0].self_attn
+        attention = decoder_layers(model)[0].self_attn
         self.qkv = buffer(attention.q_size + 2 * attention.kv_size)
         self.attention_out = buffer(attention.q_size)
         self.gate_up = buffer(2 * args.intermediate_size)
@@ -106,7 +111,7 @@ class DecodeGraph:
         model = self.model
         ops: list[Op] = []
         residual = self.hidden
-        for i, (layer, kv_cache) in enumerate(zip(model.layers, kv_caches, strict=True)):
+        for i, (layer, kv_cache) in enumerate(zip(decoder_layers(model), kv_caches, strict=True)):
             norm = layer.input_layernorm
             if i == 0:
                 ops.append(rms_norm_op(self.hidden, norm.weight, norm.eps, self.normed))
