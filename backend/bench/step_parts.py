@@ -17,6 +17,9 @@ class PartTimer:
         self._wrap(runner, "prepare_prefill", "host: prefill chunks (PyTorch attention)")
         self._wrap(runner, "prepare_prefill_kernel", "host: prefill chunks (native attention)")
         self._wrap(runner, "run", "forward pass (model + lm_head)")
+        if runner.decode_graph is not None:  # decode-only steps: inputs, embedding and the captured calls
+            self._wrap(runner.decode_graph, "step_rows", "host: captured step's inputs")
+            self._wrap(runner.decode_graph, "run", "captured decode step (copies, embedding, kernels)")
         self._wrap(engine.sampler, "sample", "sampling")
         self._wrap(engine.scheduler, "schedule", "scheduler")
 

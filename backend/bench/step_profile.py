@@ -11,7 +11,8 @@ timers, and prints torch.profiler's per-op table over --profile-steps steps. The
 the kernels the engine picked are printed with every figure (the same step is 3x apart between CPUs).
 --compare-gemm instead runs two engines side by side in one process, one on oneDNN's packed GEMM
 (PLAYGROUND_GEMM_BF16=0), one on the native bf16 GEMM, and alternates their decode steps (with
---prefill-tokens, their prefill steps). --prefill-tokens N profiles prefill steps instead: each step is
+--prefill-tokens, their prefill steps); --compare-eager the same with enforce_eager against the captured
+decode steps (decode_graph.py). --prefill-tokens N profiles prefill steps instead: each step is
 N / --prompt-len fresh random prompts prefilled together (max_tokens 1, so every step is all prefill).
 """
 
@@ -105,13 +106,15 @@ def time_steps(
     return wall, cpu
 
 
-def start_engine(args: argparse.Namespace, model: str):
+def start_engine(args: argparse.Namespace, model: str, **engine_kwargs):
     """(engine, feed): an engine whose every step is the profiled one (a decode step of --num-seqs
     sequences, or a prefill of --prefill-tokens), and what to call before each step."""
     from backend.engine import LLM
 
     batched = max(args.batched_tokens, args.prefill_tokens)
-    llm = LLM(model, dtype=args.dtype, max_num_seqs=args.num_seqs, max_num_batched_tokens=batched)
+    llm = LLM(
+        model, dtype=args.dtype, max_num_seqs=args.num_seqs, max_num_batched_tokens=batched, **engine_kwargs
+    )
     if args.prefill_tokens:
         return llm.llm_engine, PrefillFeed(llm.llm_engine, args.prefill_tokens, args.prompt_len)
     start_batch(llm, args.num_seqs, args.prompt_len)
@@ -127,13 +130,21 @@ def step_name(args: argparse.Namespace) -> tuple[str, int]:
     return f"{args.num_seqs}-sequence decode step", args.num_seqs
 
 
-def compare_gemm(args: argparse.Namespace, model: str) -> int:
-    """Steps of a oneDNN engine and a gemm_bf16 one, alternated step by step (one load for both)."""
+# --compare-gemm / --compare-eager: two engines, (environment set while each loads, LLM keyword arguments)
+COMPARISONS = {
+    "gemm": {"oneDNN": ({"PLAYGROUND_GEMM_BF16": "0"}, {}), "gemm_bf16": ({"PLAYGROUND_GEMM_BF16": "1"}, {})},
+    "eager": {"enforce_eager": ({}, {"enforce_eager": True}), "captured": ({}, {})},
+}
+
+
+def compare(args: argparse.Namespace, model: str, variants: dict[str, tuple[dict, dict]]) -> int:
+    """Steps of two engines alternated step by step (one load each); the second's speed-up is printed."""
     engines = {}
-    for label, switch in (("oneDNN", "0"), ("gemm_bf16", "1")):
-        os.environ["PLAYGROUND_GEMM_BF16"] = switch  # read when the model is prepared
-        engines[label] = start_engine(args, model)
-    del os.environ["PLAYGROUND_GEMM_BF16"]
+    for label, (environment, engine_kwargs) in variants.items():
+        os.environ.update(environment)  # read when the model is prepared
+        engines[label] = start_engine(args, model, **engine_kwargs)
+        for name in environment:
+            del os.environ[name]
     times: dict[str, list[float]] = {label: [] for label in engines}
     cpu: dict[str, list[float]] = {label: [] for label in engines}
     for step in range(args.steps + 2):  # two untimed steps each, then one timed step each in turn
@@ -146,9 +157,10 @@ def compare_gemm(args: argparse.Namespace, model: str) -> int:
     print(f"\n{name}, {args.steps} steps each, alternated")
     for label, t in times.items():
         median, rate = medians[label] * 1e3, tokens / medians[label]
-        print(f"  {label:<10} median {median:7.1f} ms ({rate:5.0f} tok/s), min {min(t) * 1e3:7.1f} ms, "
+        print(f"  {label:<14} median {median:7.1f} ms ({rate:5.0f} tok/s), min {min(t) * 1e3:7.1f} ms, "
               f"CPU time {statistics.median(cpu[label]) * 1e3:7.1f} ms")  # fmt: skip
-    print(f"  gemm_bf16 / oneDNN: {medians['oneDNN'] / medians['gemm_bf16']:.2f}x (medians); "
+    first, second = variants
+    print(f"  {second} / {first}: {medians[first] / medians[second]:.2f}x (medians); "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
     return 0
 
@@ -163,8 +175,8 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     print(f"model {model}, dtype {args.dtype}, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(cpu_summary(), flush=True)
-    if args.compare_gemm:
-        return compare_gemm(args, model)
+    if args.compare_gemm or args.compare_eager:
+        return compare(args, model, COMPARISONS["gemm" if args.compare_gemm else "eager"])
     engine, feed = start_engine(args, model)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     times, cpu = time_steps(engine, args.steps, feed)
@@ -204,6 +216,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     parser.add_argument("--top", type=int, default=25, help="rows of the per-op table")
     parser.add_argument("--compare-gemm", action="store_true", help="oneDNN vs gemm_bf16 engines, alternated")
+    parser.add_argument(
+        "--compare-eager", action="store_true", help="enforce_eager vs captured decode steps, alternated"
+    )
     parser.add_argument(
         "--prefill-tokens", type=int, default=0, help="profile prefill steps of this many tokens instead"
     )
