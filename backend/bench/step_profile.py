@@ -131,7 +131,7 @@ def step_name(args: argparse.Namespace) -> tuple[str, int]:
 
 
 # --compare-gemm / --compare-eager: two engines, (environment set while each loads, LLM keyword arguments)
-COMPARISONS = {
+COMPARISONS: dict[str, dict[str, tuple[dict, dict]]] = {
     "gemm": {"oneDNN": ({"PLAYGROUND_GEMM_BF16": "0"}, {}), "gemm_bf16": ({"PLAYGROUND_GEMM_BF16": "1"}, {})},
     "eager": {"enforce_eager": ({}, {"enforce_eager": True}), "captured": ({}, {})},
 }
