@@ -54,7 +54,9 @@ QUANT_TYPES = ("q4_0", "q4_1", "q8_0", "q4_k", "q6_k")  # csrc/quantized.cpp
 QUANT_SIGNATURES = {"quant_gemv": [PTR] * 4 + [INT] * 4, "quant_dequant": [PTR, PTR, INT, INT]}
 QUANT_GEMV_MAX_ROWS = 8  # csrc/quantized.cpp MAX_ROWS (and csrc/packed_rows.cpp's)
 QUANT_GEMM_TYPES = ("q4_0", "q4_1", "q8_0")  # quant_gemm: bf16 activations, builds with AVX512_BF16
-INTERLEAVED_TYPES = ("q4_0", "q4_1", "q8_0")  # csrc/interleaved.cpp: bf16 activations, AVX512_BF16 builds
+# csrc/interleaved.cpp (bf16 activations, AVX512_BF16 builds): GGUF types, then packed kinds (group_scales)
+INTERLEAVED_TYPES = ("q4_0", "q4_1", "q8_0", "w4", "w4_zp", "w8", "w8_zp")
+INTERLEAVED_SIGNATURE = [PTR] * 4 + [INT] * 4 + [PTR]  # x, w, bias, y, rows, n, k, ldy, groups (or null)
 PACKED_KINDS = ("w4", "w8", "fp8")  # csrc/packed_rows.cpp: GPTQ / AWQ / compressed-tensors ints, fp8
 PACKED_SIGNATURES = {
     "packed_gemv": [PTR] * 7 + [INT, INT, PTR],
@@ -193,7 +195,7 @@ def _open(path: Path) -> ctypes.CDLL:
         library.gemm_bf16_available.restype = ctypes.c_int
         library.interleaved_available.restype = ctypes.c_int
         for qtype in INTERLEAVED_TYPES:
-            getattr(library, f"interleaved_gemm_{qtype}").argtypes = QUANT_SIGNATURES["quant_gemv"]
+            getattr(library, f"interleaved_gemm_{qtype}").argtypes = INTERLEAVED_SIGNATURE
             getattr(library, f"interleaved_gemm_{qtype}").restype = None
         library.run_step_graph.argtypes = [PTR, INT, INT]
         library.run_step_graph.restype = None
@@ -510,6 +512,7 @@ def interleaved_gemm(
         part.shape[0],
         x.shape[1],
         out.stride(0),
+        None if part.groups is None else part.groups.address,
     )
 
 

@@ -1,22 +1,26 @@
-// GGUF Q4_0 / Q4_1 / Q8_0 weights re-laid out at load with 16 output rows interleaved (llama.cpp's repack
-// does the same for its CPU kernels: block_q4_0x8), in the same bytes, for CPUs with AVX512_BF16:
+// Weights re-laid out at load with 16 output rows interleaved (llama.cpp's repack does the same for its CPU
+// kernels: block_q4_0x8), in the same bytes, for CPUs with AVX512_BF16:
 //   y [rows, n] (row stride ldy) = x [rows, k] @ W^T (+ bias), bf16 x and y, fp32 sums.
-// backend/engine/quantization/interleaved.py writes the layout: W's rows in panels of 16 (n a multiple of
-// 16), each panel's blocks of 32 weights in k order, a panel-block holding the 16 rows' blocks as
-//   d[16] (fp16), Q4_1 only: m[16] (fp16), then chunks of 32 bytes: 4-bit: 8, chunk c's byte 2 r + e
-//   holding row r's weight 4 c + e in its low nibble and 4 c + 2 + e in its high one; Q8_0: 16, chunk
-//   c's byte 2 r + e holding row r's weight 2 c + e
-// So a 4-bit chunk widened to 32 words and looked up in a nibble table (VPERMW on the index's low 5 bits,
-// no mask needed for the low nibbles) is two vectors of 16 rows x a k-pair of exact bf16 integers, and an
-// 8-bit chunk (through fp32: |q| <= 128 is exact in bf16) one: the layout VDPBF16PS reads against a
-// broadcast k-pair of x (read in place), as csrc/gemm_bf16.cpp's panels.
-// Per block the 16 rows' sums are scaled as the GGUF kernels scale them (csrc/quantized_bf16.h):
-//   sum_i x_i (d q_i + m) = d * sum_i q_i x_i + m * sum_i x_i
+// GGUF Q4_0 / Q4_1 / Q8_0 (backend/engine/quantization/interleaved.py) and GPTQ / AWQ / compressed-tensors
+// 4- and 8-bit integers (quantization/group_scales.py; their scales and zeros stay beside the weights,
+// csrc/interleaved_kinds.h) share the layout: W's rows in panels of 16 (n a multiple of 16), each panel's
+// blocks of 32 weights in k order, a panel-block holding the 16 rows' blocks as
+//   GGUF only: d[16] (fp16), Q4_1 only: m[16] (fp16), then chunks of 32 bytes: 4-bit: 8, chunk c's byte
+//   2 r + e holding row r's weight 4 c + e in its low nibble and 4 c + 2 + e in its high one; 8-bit: 16,
+//   chunk c's byte 2 r + e holding row r's weight 2 c + e
+// So a 4-bit chunk widened to 32 words and looked up in a nibble table (VPERMW on the index's low 5 bits)
+// is two vectors of 16 rows x a k-pair of exact bf16 integers, and an 8-bit chunk (through fp32: |q| <= 256
+// is exact in bf16) one: the layout VDPBF16PS reads against a broadcast k-pair of x (read in place), as
+// csrc/gemm_bf16.cpp's panels. The kinds (interleaved_kinds.h) differ only in that decoding and in where a
+// group's scales come from; per group the 16 rows' sums are scaled as the GGUF kernels scale them
+// (csrc/quantized_bf16.h):
+//   sum_i x_i (d q_i + m) = d * sum_i q_i x_i + m * sum_i x_i   (packed: m = 0, q_i the exact q - z)
 // every product exact in fp32, so only the order of the fp32 sums differs from the product with the
 // dequantized weights; the 16 sums a row are one vector (no horizontal sums), rounded to bf16 once.
 // A tile is MR rows of x times V panels, its sums in registers over the whole of k; rows are the inner
 // loop, so a strip of V panels comes from memory once, and its first row tile prefetches the next strip
 // (the weights stream from DRAM every decode step). One OpenMP region a call, panels split evenly.
+// Act-order weights (a perm in Groups) multiply x with its columns permuted, inside the call.
 // interleaved_available() is 0 where the build (-march) lacks AVX512_BF16 (the layout is not used
 // there). Built and loaded by backend/engine/cpu_kernels.py.
 #include <algorithm>
@@ -25,60 +29,16 @@
 #include <vector>
 
 #include "dtypes.h"
+#include "interleaved_kinds.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#include <immintrin.h>
 #include <omp.h>
 
 namespace {
 
-constexpr int PANEL = 16;  // W's rows a panel: one vector of fp32 sums
-constexpr int MR = 8;      // rows of x a tile
-constexpr int MR_MANY = 6;  // 4-bit past MR rows: tiles of 6 rows x 2 panels (5-20% over 8 x 1 at 16-64 rows)
+constexpr int MR = 8;      // rows of x a tile (past MR rows: the kind's MANY_ROWS)
 constexpr int NV = 4;      // panels a tile at most
 constexpr int LINE = 64;
-
-inline __m512i nibble_table(int offset) {  // entry i: bf16 of (i & 15) + offset
-    alignas(64) uint16_t table[32];
-    for (int i = 0; i < 32; i++) table[i] = uint16_t(__builtin_bit_cast(uint32_t, float((i & 15) + offset)) >> 16);
-    return _mm512_load_si512(table);
-}
-
-template <int OFFSET, bool MIN>
-struct Nibbles {  // a chunk: k-pairs 2 c and 2 c + 1 of 16 rows
-    static constexpr int HEAD = MIN ? 64 : 32, CHUNKS = 8, PAIRS = 2;  // header: d[16] (, m[16])
-    static constexpr bool HAS_MIN = MIN, DECODE_ONCE = false;  // 4 instructions a vector: as cheap as a load
-    const __m512i table = nibble_table(OFFSET);
-    void operator()(const uint8_t *chunk, __m512bh *w) const {
-        const __m512i words = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(chunk)));
-        w[0] = (__m512bh)_mm512_permutexvar_epi16(words, table);
-        w[1] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), table);
-    }
-};
-using Q4_0 = Nibbles<-8, false>;
-using Q4_1 = Nibbles<0, true>;
-
-struct Q8_0 {  // a chunk: k-pair c of 16 rows
-    static constexpr int HEAD = 32, CHUNKS = 16, PAIRS = 1;
-    static constexpr bool HAS_MIN = false, DECODE_ONCE = true;  // 7 instructions a vector
-    void operator()(const uint8_t *chunk, __m512bh *w) const {
-        const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(chunk))));
-        const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(chunk + 16))));
-        w[0] = _mm512_cvtne2ps_pbh(hi, lo);
-    }
-};
-
-template <typename B>
-constexpr int64_t GROUP = B::HEAD + B::CHUNKS * 32;  // bytes a panel-block: 16 blocks of 18, 20 or 34
-
-struct Call {
-    const BFloat16 *x;   // [rows, k]
-    const uint8_t *w;    // interleaved
-    const BFloat16 *bias;
-    BFloat16 *y;
-    const float *sums;   // [rows, blocks]: each block's sum of x, fp32 (Q4_1's m term)
-    int64_t rows, n, k, ldy;
-};
 
 inline __m512bh pair_of(const BFloat16 *p) {  // x[i], x[i + 1] broadcast to every lane pair
     int32_t v;
@@ -86,50 +46,55 @@ inline __m512bh pair_of(const BFloat16 *p) {  // x[i], x[i + 1] broadcast to eve
     return (__m512bh)_mm512_set1_epi32(v);
 }
 
-// y[row : row + R, 16 panel : 16 (panel + V)] over the whole of k; prefetch (or null): the next strip
+// y[row : row + R, 16 panel : 16 (panel + V)] over the whole of k, a group's sums scaled once; prefetch (or
+// null): the next strip
 template <typename B, int R, int V>
 void tile(const Call &c, int64_t row, int64_t panel, const uint8_t *prefetch, int prefetch_panels,
           const uint16_t *decoded) {
-    const int64_t blocks = c.k / 32, panel_bytes = blocks * GROUP<B>;
-    const B decode;
+    const int64_t blocks = c.k / 32, panel_bytes = blocks * c.group_bytes, per_group = c.group_blocks;
+    const B kind;
     __m512 acc[R][V];
     for (int r = 0; r < R; r++)
         for (int v = 0; v < V; v++) acc[r][v] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < blocks; b++) {
-        const uint8_t *g = c.w + panel * panel_bytes + b * GROUP<B>;
-        if (prefetch)
-            for (int v = 0; v < prefetch_panels; v++)
-                for (int64_t line = 0; line < GROUP<B>; line += LINE)
-                    _mm_prefetch(reinterpret_cast<const char *>(prefetch + v * panel_bytes + b * GROUP<B> + line), _MM_HINT_T1);
+    for (int64_t g = 0; g < blocks / per_group; g++) {
+        typename B::Zeros zeros[V];
+        if (!decoded)
+            for (int v = 0; v < V; v++) zeros[v] = kind.zeros(c, panel + v, g);
         __m512 part[R][V];
         for (int r = 0; r < R; r++)
             for (int v = 0; v < V; v++) part[r][v] = _mm512_setzero_ps();
-        const BFloat16 *xb = c.x + row * c.k + b * 32;
+        for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
+            const uint8_t *block = c.w + panel * panel_bytes + b * c.group_bytes + c.head;
+            if (prefetch)
+                for (int v = 0; v < prefetch_panels; v++)
+                    for (int64_t line = 0; line < c.group_bytes; line += LINE)
+                        _mm_prefetch(reinterpret_cast<const char *>(prefetch + v * panel_bytes + b * c.group_bytes + line),
+                                     _MM_HINT_T1);
+            const BFloat16 *xb = c.x + row * c.k + b * 32;
 #pragma GCC unroll 16
-        for (int q = 0; q < B::CHUNKS; q++) {
-            __m512bh wv[V][B::PAIRS];
-            for (int v = 0; v < V; v++) {
-                if (decoded)  // the strip decoded once for all its tiles of rows (V = 1 then)
-                    for (int p = 0; p < B::PAIRS; p++)
-                        wv[v][p] = (__m512bh)_mm512_loadu_si512(decoded + ((b * B::CHUNKS + q) * B::PAIRS + p) * 32);
-                else
-                    decode(g + v * panel_bytes + B::HEAD + q * 32, wv[v]);
-            }
-            for (int r = 0; r < R; r++)
-                for (int p = 0; p < B::PAIRS; p++) {
-                    const __m512bh xp = pair_of(xb + r * c.k + 2 * (q * B::PAIRS + p));
-                    for (int v = 0; v < V; v++) part[r][v] = _mm512_dpbf16_ps(part[r][v], wv[v][p], xp);
+            for (int q = 0; q < B::CHUNKS; q++) {
+                __m512bh wv[V][B::PAIRS];
+                for (int v = 0; v < V; v++) {
+                    if (decoded)  // the strip decoded once for all its tiles of rows (V = 1 then)
+                        for (int p = 0; p < B::PAIRS; p++)
+                            wv[v][p] = (__m512bh)_mm512_loadu_si512(decoded + ((b * B::CHUNKS + q) * B::PAIRS + p) * 32);
+                    else
+                        kind(block + v * panel_bytes + q * 32, zeros[v], wv[v]);
                 }
+                for (int r = 0; r < R; r++)
+                    for (int p = 0; p < B::PAIRS; p++) {
+                        const __m512bh xp = pair_of(xb + r * c.k + 2 * (q * B::PAIRS + p));
+                        for (int v = 0; v < V; v++) part[r][v] = _mm512_dpbf16_ps(part[r][v], wv[v][p], xp);
+                    }
+            }
         }
         for (int v = 0; v < V; v++) {
-            const uint8_t *head = g + v * panel_bytes;
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(head)));
+            __m512 d, m;
+            group_scales<B::HAS_MIN>(c, c.w + (panel + v) * panel_bytes + g * c.group_bytes, panel + v, g, d, m);
             for (int r = 0; r < R; r++) acc[r][v] = _mm512_fmadd_ps(d, part[r][v], acc[r][v]);
-            if constexpr (B::HAS_MIN) {
-                const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(head + 32)));
+            if constexpr (B::HAS_MIN)
                 for (int r = 0; r < R; r++)
-                    acc[r][v] = _mm512_fmadd_ps(m, _mm512_set1_ps(c.sums[(row + r) * blocks + b]), acc[r][v]);
-            }
+                    acc[r][v] = _mm512_fmadd_ps(m, _mm512_set1_ps(c.sums[(row + r) * blocks + g]), acc[r][v]);
         }
     }
     for (int v = 0; v < V; v++) {
@@ -177,26 +142,30 @@ inline int panels_per_tile(int64_t rows) {  // R x V sums and partial sums in re
 
 // one panel's weights as the bf16 vectors the tiles multiply ([blocks, chunks, pairs]), for many rows
 template <typename B>
-void decode_panel(const uint8_t *w, int64_t blocks, uint16_t *out) {
-    const B decode;
-    for (int64_t b = 0; b < blocks; b++)
+void decode_panel(const Call &c, int64_t panel, uint16_t *out) {
+    const int64_t blocks = c.k / 32;
+    const uint8_t *w = c.w + panel * blocks * c.group_bytes + c.head;
+    const B kind;
+    for (int64_t b = 0; b < blocks; b++) {
+        const typename B::Zeros zeros = kind.zeros(c, panel, b / c.group_blocks);
         for (int q = 0; q < B::CHUNKS; q++) {
             __m512bh wv[B::PAIRS];
-            decode(w + b * GROUP<B> + B::HEAD + q * 32, wv);
+            kind(w + b * c.group_bytes + q * 32, zeros, wv);
             for (int p = 0; p < B::PAIRS; p++)
                 _mm512_storeu_si512(out + ((b * B::CHUNKS + q) * B::PAIRS + p) * 32, (__m512i)wv[p]);
         }
+    }
 }
 
-// panels [first, last) for all rows: strip by strip, each strip's rows in tiles of MR (4-bit past MR
-// rows: MR_MANY); the first tile of a strip prefetches the next strip into L2. Q8_0 past MR rows: a strip
-// is one panel, decoded once into an L1/L2 buffer that its tiles of rows read (a load a vector, not a
-// decode)
+// panels [first, last) for all rows: strip by strip, each strip's rows in tiles of MR (past MR rows: the
+// kind's MANY_ROWS); the first tile of a strip prefetches the next strip into L2. 8-bit past MR rows: a
+// strip is one panel, decoded once into an L1/L2 buffer that its tiles of rows read (a load a vector, not
+// a decode)
 template <typename B>
 void strips(const Call &c, int64_t first, int64_t last) {
-    const int64_t blocks = c.k / 32, panel_bytes = blocks * GROUP<B>;
+    const int64_t blocks = c.k / 32, panel_bytes = blocks * c.group_bytes;
     const bool once = B::DECODE_ONCE && c.rows > MR;
-    const int64_t mr = c.rows > MR && !once ? MR_MANY : MR;
+    const int64_t mr = c.rows > MR && !once ? B::MANY_ROWS : MR;
     const int width = panels_per_tile(std::min<int64_t>(c.rows, mr));
     std::vector<uint16_t> buffer(once ? blocks * B::CHUNKS * B::PAIRS * 32 : 0);  // [.., pairs, 32 words]
     uint16_t *decoded = once ? buffer.data() : nullptr;
@@ -204,7 +173,7 @@ void strips(const Call &c, int64_t first, int64_t last) {
         const int v = int(std::min<int64_t>(width, last - panel));
         const int64_t next = panel + v;
         const int next_v = int(std::min<int64_t>(width, last - next));
-        if (decoded) decode_panel<B>(c.w + panel * panel_bytes, blocks, decoded);
+        if (decoded) decode_panel<B>(c, panel, decoded);
         for (int64_t row = 0; row < c.rows; row += mr) {
             const int r = int(std::min<int64_t>(mr, c.rows - row));
             const uint8_t *prefetch = row == 0 && next_v > 0 ? c.w + next * panel_bytes : nullptr;
@@ -220,13 +189,19 @@ inline float block_sum(const BFloat16 *x) {  // of 32 bf16, in fp32
     return _mm512_reduce_add_ps(_mm512_add_ps(even, odd));
 }
 
+// head: the header bytes of a GGUF panel-block (32: d; 64: d and m), 0 for packed kinds
 template <typename B>
 void gemm(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, BFloat16 *y, int64_t rows, int64_t n,
-          int64_t k, int64_t ldy) {
+          int64_t k, int64_t ldy, const Groups *groups, int64_t head) {
     const int64_t blocks = k / 32, panels = n / PANEL;
+    std::vector<BFloat16> permuted(groups && groups->perm ? rows * k : 0);
+    for (int64_t i = 0; i < int64_t(permuted.size()); i++)  // x's columns in the weights' order (act-order)
+        permuted[i] = x[i / k * k + groups->perm[i % k]];
+    if (!permuted.empty()) x = permuted.data();
     std::vector<float> sums(B::HAS_MIN ? rows * blocks : 0);
     for (int64_t i = 0; i < int64_t(sums.size()); i++) sums[i] = block_sum(x + i * 32);
-    const Call c{x, w, bias, y, sums.data(), rows, n, k, ldy};
+    const int64_t group_blocks = groups ? groups->group_size / 32 : 1;
+    const Call c{x, w, bias, y, sums.data(), rows, n, k, ldy, groups, head, head + B::CHUNKS * 32, group_blocks};
 #pragma omp parallel if (panels > 1)
     {
         const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
@@ -236,26 +211,25 @@ void gemm(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, BFloat16 *y
 
 }  // namespace
 
+#define INTERLEAVED(NAME, KIND, HEAD)                                                                          \
+    extern "C" void interleaved_gemm_##NAME(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias,         \
+                                            BFloat16 *y, int64_t rows, int64_t n, int64_t k, int64_t ldy,      \
+                                            const Groups *groups) {                                            \
+        gemm<KIND>(x, w, bias, y, rows, n, k, ldy, groups, HEAD);                                              \
+    }
 extern "C" int interleaved_available() { return 1; }
-extern "C" void interleaved_gemm_q4_0(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, BFloat16 *y,
-                                      int64_t rows, int64_t n, int64_t k, int64_t ldy) {
-    gemm<Q4_0>(x, w, bias, y, rows, n, k, ldy);
-}
-extern "C" void interleaved_gemm_q4_1(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, BFloat16 *y,
-                                      int64_t rows, int64_t n, int64_t k, int64_t ldy) {
-    gemm<Q4_1>(x, w, bias, y, rows, n, k, ldy);
-}
-extern "C" void interleaved_gemm_q8_0(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, BFloat16 *y,
-                                      int64_t rows, int64_t n, int64_t k, int64_t ldy) {
-    gemm<Q8_0>(x, w, bias, y, rows, n, k, ldy);
-}
 
 #else
+#define INTERLEAVED(NAME, KIND, HEAD)                                                                          \
+    extern "C" void interleaved_gemm_##NAME(const BFloat16 *, const uint8_t *, const BFloat16 *, BFloat16 *,   \
+                                            int64_t, int64_t, int64_t, int64_t, const Groups *) {}
 extern "C" int interleaved_available() { return 0; }
-extern "C" void interleaved_gemm_q4_0(const BFloat16 *, const uint8_t *, const BFloat16 *, BFloat16 *, int64_t,
-                                      int64_t, int64_t, int64_t) {}
-extern "C" void interleaved_gemm_q4_1(const BFloat16 *, const uint8_t *, const BFloat16 *, BFloat16 *, int64_t,
-                                      int64_t, int64_t, int64_t) {}
-extern "C" void interleaved_gemm_q8_0(const BFloat16 *, const uint8_t *, const BFloat16 *, BFloat16 *, int64_t,
-                                      int64_t, int64_t, int64_t) {}
 #endif
+
+INTERLEAVED(q4_0, Q4_0, 32)
+INTERLEAVED(q4_1, Q4_1, 64)
+INTERLEAVED(q8_0, Q8_0, 32)
+INTERLEAVED(w4, Q4_0, 0)  // the same tiles as GGUF's, scales from Groups
+INTERLEAVED(w4_zp, W4Zp, 0)
+INTERLEAVED(w8, Q8_0, 0)
+INTERLEAVED(w8_zp, W8Zp, 0)

@@ -1,7 +1,9 @@
 """Layers over quantized weights (install.py puts them into a model in place of its dense ones): GGUF
 blocks, GPTQ / AWQ / compressed-tensors packed integers (gptq_awq.PackedWeight) and fp8 weights
 (compressed_tensors.Fp8Weight); on the CPU the last two are re-laid out at load (row_packed.RowPacked, the
-same bytes) for the packed_rows kernels. Small batches use the fused decode + GEMV kernels.
+same bytes) for the packed_rows kernels. Small batches use the fused decode + GEMV kernels. In bf16 where the
+kernels' build has AVX512_BF16, GGUF Q4_0 / Q4_1 / Q8_0 and packed 4- and 8-bit integers are moved once
+more into csrc/interleaved.cpp's 16-row panels (interleaved.Interleaved): one kernel at every batch size.
 
 QuantizedLinear computes x @ W^T from W's blocks: batches of up to cpu_kernels.QUANT_GEMV_MAX_ROWS rows go
 through the fused decode + matrix-vector kernel (each block read once, decoded in cache); in bf16, where
@@ -25,7 +27,7 @@ from backend.engine.quantization.compressed_tensors import Fp8Weight
 from backend.engine.quantization.gguf_blocks import dequantize
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.gptq_awq import PackedWeight
-from backend.engine.quantization.interleaved import Interleaved, can_interleave, interleave
+from backend.engine.quantization.interleaved import Interleaved, can_interleave, interleave, join_parts
 from backend.engine.quantization.row_packed import RowPacked, relayout
 
 Part = QuantizedWeight | PackedWeight | Fp8Weight | RowPacked | Interleaved
@@ -89,7 +91,8 @@ def merge_same_type(parts: list[Part]) -> list[Part]:
 
 
 def interleaves(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether Q4_0 / Q4_1 parts take csrc/interleaved.cpp's layout (CPU kernels, bf16, AVX512_BF16)."""
+    """Whether GGUF Q4_0 / Q4_1 / Q8_0 and packed 4- / 8-bit parts take csrc/interleaved.cpp's layout (CPU
+    kernels, bf16, AVX512_BF16)."""
     return (
         dtype == torch.bfloat16
         and cpu_kernels.supports(device, dtype)
@@ -106,7 +109,7 @@ class QuantizedLinear(nn.Module):
         parts = [relayout(p) for p in parts]  # packed ints and fp8 on the CPU: the kernels' row layout
         parts = merge_same_type(parts)
         if interleaves(part_tensors(parts[0])[0].device, dtype):
-            parts = [interleave(p) if can_interleave(p) else p for p in parts]  # the same bytes, moved
+            parts = join_parts([interleave(p) if can_interleave(p) else p for p in parts])  # bytes moved
         self.parts = parts
         self.has_gemv = all(isinstance(p, QuantizedWeight | RowPacked | Interleaved) for p in parts)
         self.all_packed = all(isinstance(p, RowPacked) for p in parts)

@@ -52,8 +52,11 @@ class RowPacked:
 
     def dequantize_rows(self, first: int, last: int) -> torch.Tensor:
         """W[first:last] as float32 [last - first, k], computed as the kernels compute it."""
+        return self.decode(self.qweight[first:last], first, last)
+
+    def decode(self, rows: torch.Tensor, first: int, last: int) -> torch.Tensor:
+        """W[first:last] as float32 from rows [last - first, k * bits / 8]: those rows in this layout."""
         k, lay = self.shape[1], self.layout
-        rows = self.qweight[first:last]
         j, g = torch.arange(first, last).view(-1, 1), torch.arange(k // lay.group_size).view(1, -1)
         scales = self.scales.reshape(-1)[j * lay.scale_row + g * lay.scale_group].float()
         scales = scales.repeat_interleave(lay.group_size, 1)
