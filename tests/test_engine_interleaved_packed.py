@@ -1,10 +1,10 @@
-"""GPTQ, AWQ and compressed-tensors 4- and 8-bit weights in csrc/interleaved.cpp's 16-row layout
-(quantization/interleaved.py with group_scales.py): the re-layout keeps the bytes (as many as the checkpoint
-stores) and the weights (the PyTorch decoding equals the format's own, bit for bit); the kernel computes
-x @ W^T + bias bit for bit where every fp32 step of the dequantized product is exact (so only a wrong weight,
-scale, zero, order, or a rounding of the weights shows), within summation error elsewhere, at every batch
-size; planted bugs (nibbles swapped, GPTQ's zero offset lost, act-order's input order ignored) are caught;
-a bf16 engine runs a fused q/k/v as one part and generates the tokens of the packed_rows path."""
+"""GPTQ, AWQ and compressed-tensors 4- and 8-bit weights (and fp8 ones) in csrc/interleaved.cpp's 16-row
+layout (quantization/interleaved.py with group_scales.py): the re-layout keeps the bytes (as many as the
+checkpoint stores) and the weights (the PyTorch decoding equals the format's own, bit for bit); the kernel
+computes x @ W^T + bias bit for bit where every fp32 step of the dequantized product is exact (so only a
+wrong weight, scale, zero, order, or a rounding of the weights shows), within summation error elsewhere, at
+every batch size; planted bugs (nibbles swapped, GPTQ's zero offset lost, act-order's input order ignored)
+are caught; a bf16 engine runs a fused q/k/v as one part and generates the tokens of the packed_rows path."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from backend.bench.quant_checkpoints import Scheme, pack_columns, pack_rows, packed_tensors, write_checkpoint
 from backend.engine import LLM, SamplingParams, cpu_kernels
-from backend.engine.quantization import quantized_linear
+from backend.engine.quantization.compressed_tensors import Fp8Weight
 from backend.engine.quantization.gptq_awq import PACKED_SUFFIXES, PackedWeight
 from backend.engine.quantization.interleaved import Interleaved, can_interleave, interleave
 from backend.engine.quantization.quantized_linear import QuantizedLinear
@@ -53,6 +53,20 @@ def compressed(bits: int, group: int, sym: bool, actorder: bool, scale_dtype: to
     return PackedWeight("compressed-tensors", bits, packed, zeros, scales, g_idx.int(), (N, K), actorder)
 
 
+def fp8(exact: bool) -> Fp8Weight:
+    """fp8 e4m3 weights with a scale a row (exact: magnitudes 0.5-15, scales of 7 bits; else every code but
+    NaN, subnormals included)."""
+    gen = torch.Generator().manual_seed(8)
+    codes = torch.randint(0, 256, (N, K), generator=gen, dtype=torch.uint8)
+    if exact:  # exponent fields 6-10
+        codes = (codes & 0x87) | (torch.randint(6, 11, (N, K), generator=gen, dtype=torch.uint8) << 3)
+    if not exact:
+        codes[0, :256] = torch.arange(256, dtype=torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x3C  # no NaN (a NaN weight makes a NaN product)
+    scale = 1 + torch.randint(0, 64, (N, 1), generator=gen).float() / 64
+    return Fp8Weight(codes.view(torch.float8_e4m3fn), scale, (N, K))
+
+
 PARTS = {  # name: (the weight, the interleaved kind it takes)
     "gptq-w4-g128-sym": (lambda: gptq_awq(Scheme("gptq", 4, 128, sym=True)), "w4"),
     "gptq-w4-g32-desc_act-asym": (lambda: gptq_awq(Scheme("gptq", 4, 32, desc_act=True)), "w4_zp"),
@@ -63,13 +77,17 @@ PARTS = {  # name: (the weight, the interleaved kind it takes)
     "ct-w4-g128-sym-actorder": (lambda: compressed(4, 128, True, True, torch.float16), "w4"),
     "ct-w8-channel-sym-fp16": (lambda: compressed(8, K, True, False, torch.float16), "w8"),
     "ct-w8-g64-asym-fp32": (lambda: compressed(8, 64, False, False, torch.float32), "w8_zp"),
+    "fp8-channel": (lambda: fp8(exact=True), "fp8"),
 }
+RANDOM = PARTS | {"fp8-every-code": (lambda: fp8(exact=False), "fp8")}
 
 
-def with_exact_scales(part: PackedWeight) -> PackedWeight:
+def with_exact_scales(part: PackedWeight | Fp8Weight) -> PackedWeight | Fp8Weight:
     """part with scales in [1, 2) of 11 significant bits (fp16; bf16: 8; 8-bit weights: 7): s (q - z) needs
     15-16 bits, so a weight rounded to bf16 anywhere shows, while every fp32 step of the product is exact
     (sums of x in {-1, 0, 1} times s (q - z) stay below 2^24 units of the scales' last bit)."""
+    if isinstance(part, Fp8Weight):
+        return part  # made so
     gen = torch.Generator().manual_seed(7)
     bits = 6 if part.bits == 8 else 10 if part.scales.dtype == torch.float16 else 7
     fraction = torch.randint(0, 1 << bits, part.scales.shape, generator=gen).float() / (1 << bits)
@@ -79,7 +97,7 @@ def with_exact_scales(part: PackedWeight) -> PackedWeight:
 
 def interleaved(name: str, exact: bool = True) -> tuple[Interleaved, torch.Tensor]:
     """(the part interleaved, its format's own dequantization [N, K] fp32)."""
-    make, kind = PARTS[name]
+    make, kind = RANDOM[name]
     part = with_exact_scales(make()) if exact else make()
     rows = relayout(part)
     assert can_interleave(rows)
@@ -98,7 +116,7 @@ def test_relayout_keeps_the_bytes_and_the_weights(name):
     rows = relayout(part)
     result = interleave(rows)
     assert sum(t.nbytes for t in result.tensors()) == sum(t.nbytes for t in rows.tensors())
-    assert result.data.nbytes == N * K * part.bits // 8
+    assert result.data.nbytes == rows.qweight.nbytes
     assert not torch.equal(result.data.view(-1), rows.qweight.view(-1))  # it did move them
     reference = part.dequantize_rows(0, N)
     for first, last in ((0, N), (16, 48), (33, 34), (70, 80)):
@@ -121,7 +139,9 @@ def test_kernel_is_bit_exact_at_every_batch_size(name):
 
 
 @needs_interleaved
-@pytest.mark.parametrize("name", ["gptq-w4-g32-desc_act-asym", "ct-w8-g64-asym-fp32", "awq-w4-g128"])
+@pytest.mark.parametrize(
+    "name", ["gptq-w4-g32-desc_act-asym", "ct-w8-g64-asym-fp32", "awq-w4-g128", "fp8-every-code"]
+)
 def test_kernel_within_summation_error_on_random_inputs(name):
     weight, reference = interleaved(name, exact=False)
     for rows in (1, 5, 16):
@@ -173,7 +193,9 @@ def test_bf16_engine_runs_interleaved_and_matches_the_packed_rows_path(scheme, t
         assert all(len(m.parts) == 1 for m in layers)
     outs = [o.outputs[0].token_ids for o in llm.generate(batch, params)]
     assert_engine_clean(llm)
-    monkeypatch.setattr(quantized_linear, "interleaves", lambda device, dtype: False)
+    monkeypatch.setenv("PLAYGROUND_INTERLEAVED_PACKED", "0")
     rows = LLM(str(path), dtype="bfloat16", device="cpu", max_num_batched_tokens=32)
+    row_layers = [m for m in rows.llm_engine.runner.model.modules() if isinstance(m, QuantizedLinear)]
+    assert not any(isinstance(p, Interleaved) for m in row_layers for p in m.parts)  # packed_rows' layout
     assert rows.stats().weights_bytes == llm.stats().weights_bytes  # the same bytes, moved
     assert [o.outputs[0].token_ids for o in rows.generate(batch, params)] == outs

@@ -12,6 +12,7 @@ engines, so per format the table gives the bytes each engine holds (weights and 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -87,6 +88,26 @@ def tile_engines(paths: dict[str, str], batch: int) -> dict:
     return engines
 
 
+def row_layout_engines(paths: dict[str, str], batch: int) -> dict:
+    """The packed-int formats again in packed_rows' row layout (PLAYGROUND_INTERLEAVED_PACKED=0: before the
+    16-row interleaving), for an A/B in one process."""
+    from backend.engine import LLM
+
+    engines = {}
+    previous = os.environ.get("PLAYGROUND_INTERLEAVED_PACKED")
+    os.environ["PLAYGROUND_INTERLEAVED_PACKED"] = "0"
+    try:
+        for name, path in paths.items():
+            if not name.startswith(("dense", "gguf")) and "fp8" not in name:
+                engines[f"{name} (row layout)"] = LLM(path, device="cpu", max_num_seqs=batch)
+    finally:
+        if previous is None:
+            del os.environ["PLAYGROUND_INTERLEAVED_PACKED"]
+        else:
+            os.environ["PLAYGROUND_INTERLEAVED_PACKED"] = previous
+    return engines
+
+
 def main(argv: list[str] | None = None) -> None:
     from backend.engine import LLM, cpu_kernels
 
@@ -108,6 +129,11 @@ def main(argv: list[str] | None = None) -> None:
         help="also run dense bf16 and gguf Q4_1 with enforce_eager (their decode steps through the modules, "
         "not the captured kernel calls): before and after side by side",
     )
+    parser.add_argument(
+        "--row-layout",
+        action="store_true",
+        help="also run each packed-int format in packed_rows' row layout (not interleaved): an A/B",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="quantized-formats-") as tmp:
         paths = checkpoints(Path(tmp))
@@ -123,6 +149,8 @@ def main(argv: list[str] | None = None) -> None:
                 )
         if args.pytorch_tiles:
             engines |= tile_engines(paths, args.batch)
+        if args.row_layout:
+            engines |= row_layout_engines(paths, args.batch)
         prompt = engines["dense bf16"].tokenizer.encode("The capital of France is")
         batch = [[*prompt, i + 10] for i in range(args.batch)]
         single = decode_rates(engines, prompt, args.tokens, args.repeats)
@@ -130,14 +158,14 @@ def main(argv: list[str] | None = None) -> None:
         batched = batch_rates(engines, batch, args.tokens, args.repeats)
     print(f"\n{cpu_kernels.build_flags()}; {args.tokens} tokens, medians of {args.repeats} runs in turns")
     print(
-        f"{'format':<32}{'weights MB':>11}{'KV MB':>8}{'batch-1 tok/s':>15}{'batch-16 tok/s':>16}"
+        f"{'format':<44}{'weights MB':>11}{'KV MB':>8}{'batch-1 tok/s':>15}{'batch-16 tok/s':>16}"
         f"{'vs bf16':>9}"
     )
     base = single["dense bf16"]
     for name, llm in engines.items():
         stats = llm.stats()
         print(
-            f"{name:<32}{stats.weights_bytes / 1e6:>11.1f}{stats.kv_pool_bytes / 1e6:>8.1f}"
+            f"{name:<44}{stats.weights_bytes / 1e6:>11.1f}{stats.kv_pool_bytes / 1e6:>8.1f}"
             f"{single[name]:>15.1f}{batched[name]:>16.1f}{single[name] / base:>8.2f}x"
         )
     print("(quantization as each engine reports it:)")

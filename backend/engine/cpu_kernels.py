@@ -55,7 +55,7 @@ QUANT_SIGNATURES = {"quant_gemv": [PTR] * 4 + [INT] * 4, "quant_dequant": [PTR, 
 QUANT_GEMV_MAX_ROWS = 8  # csrc/quantized.cpp MAX_ROWS (and csrc/packed_rows.cpp's)
 QUANT_GEMM_TYPES = ("q4_0", "q4_1", "q8_0")  # quant_gemm: bf16 activations, builds with AVX512_BF16
 # csrc/interleaved.cpp (bf16 activations, AVX512_BF16 builds): GGUF types, then packed kinds (group_scales)
-INTERLEAVED_TYPES = ("q4_0", "q4_1", "q8_0", "w4", "w4_zp", "w8", "w8_zp")
+INTERLEAVED_TYPES = ("q4_0", "q4_1", "q8_0", "w4", "w4_zp", "w8", "w8_zp", "fp8")
 INTERLEAVED_SIGNATURE = [PTR] * 4 + [INT] * 4 + [PTR]  # x, w, bias, y, rows, n, k, ldy, groups (or null)
 PACKED_KINDS = ("w4", "w8", "fp8")  # csrc/packed_rows.cpp: GPTQ / AWQ / compressed-tensors ints, fp8
 PACKED_SIGNATURES = {

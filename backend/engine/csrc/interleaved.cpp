@@ -91,6 +91,7 @@ void tile(const Call &c, int64_t row, int64_t panel, const uint8_t *prefetch, in
         for (int v = 0; v < V; v++) {
             __m512 d, m;
             group_scales<B::HAS_MIN>(c, c.w + (panel + v) * panel_bytes + g * c.group_bytes, panel + v, g, d, m);
+            if constexpr (B::SCALE != 1.0f) d = _mm512_mul_ps(d, _mm512_set1_ps(B::SCALE));  // exact: a power of 2
             for (int r = 0; r < R; r++) acc[r][v] = _mm512_fmadd_ps(d, part[r][v], acc[r][v]);
             if constexpr (B::HAS_MIN)
                 for (int r = 0; r < R; r++)
@@ -233,3 +234,4 @@ INTERLEAVED(w4, Q4_0, 0)  // the same tiles as GGUF's, scales from Groups
 INTERLEAVED(w4_zp, W4Zp, 0)
 INTERLEAVED(w8, Q8_0, 0)
 INTERLEAVED(w8_zp, W8Zp, 0)
+INTERLEAVED(fp8, Fp8, 0)

@@ -60,6 +60,7 @@ template <int OFFSET>
 struct Nibbles {  // a chunk: k-pairs 2 c and 2 c + 1 of 16 rows, q + OFFSET
     static constexpr int CHUNKS = 8, PAIRS = 2, MANY_ROWS = 6;  // past 8 rows: tiles of 6 rows x 2 panels
     static constexpr bool DECODE_ONCE = false;  // 4 instructions a vector: as cheap as a load
+    static constexpr float SCALE = 1.0f;  // what the decoded weights are short of (times the group's scale)
     using Zeros = NoZeros;
     const __m512i table = word_table(OFFSET, 15);  // VPERMW reads the index's low 5 bits: no mask needed
     Zeros zeros(const Call &, int64_t, int64_t) const { return {}; }
@@ -73,6 +74,7 @@ struct Nibbles {  // a chunk: k-pairs 2 c and 2 c + 1 of 16 rows, q + OFFSET
 struct NibblesMinusZero {  // q - z, z per row and group (word 2 r + e of Zeros: row r's)
     static constexpr int CHUNKS = 8, PAIRS = 2, MANY_ROWS = 8;  // one more register a panel: 8 x 1 tiles
     static constexpr bool DECODE_ONCE = false;
+    static constexpr float SCALE = 1.0f;
     using Zeros = __m512i;
     const __m512i table = word_table(0, 31), low = _mm512_set1_epi16(15);
     Zeros zeros(const Call &c, int64_t panel, int64_t g) const {  // 8 bytes: row 2 i low nibble, 2 i + 1 high
@@ -99,6 +101,7 @@ inline __m512bh bf16_pair(__m512i lo, __m512i hi) {  // int32 rows 0-7 and 8-15 
 struct Bytes {  // a chunk: k-pair c of 16 rows, int8 q
     static constexpr int CHUNKS = 16, PAIRS = 1, MANY_ROWS = 8;
     static constexpr bool DECODE_ONCE = true;  // 7 instructions a vector
+    static constexpr float SCALE = 1.0f;
     using Zeros = NoZeros;
     Zeros zeros(const Call &, int64_t, int64_t) const { return {}; }
     void operator()(const uint8_t *chunk, const Zeros &, __m512bh *w) const {
@@ -110,6 +113,7 @@ struct Bytes {  // a chunk: k-pair c of 16 rows, int8 q
 struct BytesMinusZero {  // uint8 q - z, z per row and group: lanes 2 r + e of lo (rows 0-7) and hi (8-15)
     static constexpr int CHUNKS = 16, PAIRS = 1, MANY_ROWS = 8;
     static constexpr bool DECODE_ONCE = true;
+    static constexpr float SCALE = 1.0f;
     struct Zeros {
         __m512i lo, hi;
     };
@@ -125,6 +129,24 @@ struct BytesMinusZero {  // uint8 q - z, z per row and group: lanes 2 r + e of l
         const __m128i *p = reinterpret_cast<const __m128i *>(chunk);
         w[0] = bf16_pair(_mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(p)), z.lo),
                          _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(p + 1)), z.hi));
+    }
+};
+
+// fp8 e4m3 codes (s eeee mmm) moved to fp16's bits as s 0eeee mmm0000000: the same value times 2^-8 exactly,
+// subnormals included (their exponent field stays 0), then widened; SCALE puts the 2^8 back into the scale
+struct Fp8Bytes {
+    static constexpr int CHUNKS = 16, PAIRS = 1, MANY_ROWS = 8;
+    static constexpr bool DECODE_ONCE = true;
+    static constexpr float SCALE = 256.0f;
+    using Zeros = NoZeros;
+    Zeros zeros(const Call &, int64_t, int64_t) const { return {}; }
+    void operator()(const uint8_t *chunk, const Zeros &, __m512bh *w) const {
+        const __m512i words = chunk_words(chunk);
+        const __m512i magnitude = _mm512_slli_epi16(_mm512_and_si512(words, _mm512_set1_epi16(0x7f)), 7);
+        const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(words, _mm512_set1_epi16(0x80)), 8);
+        const __m512i half = _mm512_or_si512(magnitude, sign);
+        w[0] = _mm512_cvtne2ps_pbh(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(half, 1)),
+                                   _mm512_cvtph_ps(_mm512_castsi512_si256(half)));
     }
 };
 
@@ -163,6 +185,7 @@ using Q4_1 = Kind<Nibbles<0>, true>;
 using Q8_0 = Kind<Bytes, false>;  // and "w8"
 using W4Zp = Kind<NibblesMinusZero, false>;
 using W8Zp = Kind<BytesMinusZero, false>;
+using Fp8 = Kind<Fp8Bytes, false>;
 
 }  // namespace
 #endif

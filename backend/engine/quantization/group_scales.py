@@ -1,4 +1,5 @@
-"""The per-group scales and zeros of GPTQ / AWQ / compressed-tensors 4- and 8-bit weights held in
+"""The per-group scales and zeros of GPTQ / AWQ / compressed-tensors 4- and 8-bit weights (and fp8 weights'
+per-channel scales) held in
 csrc/interleaved.cpp's 16-row layout (interleaved.Interleaved with a `groups`): what its packed kinds read
 beside the interleaved integers (csrc/interleaved_kinds.h Groups).
 
@@ -9,7 +10,8 @@ row_packed put its nibbles in order, compressed-tensors' transposed), a stored-b
 its bytes. Symmetric weights (every zero 8 for 4 bits, 128 for 8 bits: GPTQ sym, compressed-tensors sym)
 take the kinds without zeros ("w4", "w8", their zeros kept unread); the others "w4_zp" / "w8_zp". The
 interleaved 8-bit integers of "w8" are stored as int8 q - 128 (the same bytes, each flipped in its top
-bit), so that they decode as Q8_0's do.
+bit), so that they decode as Q8_0's do. fp8 e4m3 weights with one scale a row take "fp8" (a tensor-wide
+scale keeps the row layout).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class GroupArgs(ctypes.Structure):
 
 @dataclass(slots=True)
 class GroupScales:
-    qtype: str  # the interleaved kind: "w4" | "w4_zp" | "w8" | "w8_zp"
+    qtype: str  # the interleaved kind: "w4" | "w4_zp" | "w8" | "w8_zp" | "fp8"
     rows: RowPacked  # scales [groups, n], zeros [groups, n / f], perm, kept, layout (its qweight empty)
     args: GroupArgs  # what the kernel reads (pointers into rows' tensors, which this object keeps alive)
 
@@ -69,10 +71,10 @@ def _scales(part: RowPacked, groups: int) -> torch.Tensor | None:
 
 
 def _zeros(part: RowPacked, groups: int) -> torch.Tensor | None:
-    """part's packed zeros as [groups, n / f] (empty when symmetric by construction), or None."""
+    """part's packed zeros as [groups, n / f] (empty when symmetric by construction or fp8), or None."""
     lay, f = part.layout, 32 // _bits(part)
     if not part.zeros.numel():
-        return part.zeros if lay.zero_const == MIDDLE[_bits(part)] else None
+        return part.zeros if part.kind == "fp8" or lay.zero_const == MIDDLE[_bits(part)] else None
     if lay.zero_group == 1 and lay.zero_pack == groups:
         return part.zeros.reshape(-1, groups).t().contiguous()
     if lay.zero_pack == 1 and lay.zero_group * f == part.shape[0]:
@@ -95,7 +97,7 @@ def group_scales(part: RowPacked) -> GroupScales | None:
     """part's scales and zeros for the interleaved kinds, or None where they cannot take them (fp8; rows not a
     multiple of 16; one scale for the whole tensor)."""
     n, k = part.shape
-    if part.kind not in ("w4", "w8") or n % 16 or part.qweight.device.type != "cpu":
+    if n % 16 or part.qweight.device.type != "cpu":
         return None
     groups = k // part.layout.group_size
     scales, zeros = _scales(part, groups), _zeros(part, groups)
@@ -103,13 +105,15 @@ def group_scales(part: RowPacked) -> GroupScales | None:
         return None
     bits, add = _bits(part), part.layout.zero_add
     qtype = f"w{bits}" if _is_symmetric(zeros, bits, add) else f"w{bits}_zp"
+    if part.kind == "fp8":
+        qtype = "fp8"
     return _build(qtype, part, scales, zeros, part.perm, part.kept)
 
 
 def _build(qtype, part: RowPacked, scales, zeros, perm, kept) -> GroupScales:
     n, k = scales.shape[1], part.shape[1]
     lay, f = part.layout, 32 // _bits(part)
-    const = MIDDLE[_bits(part)] if not zeros.numel() else 0
+    const = MIDDLE[_bits(part)] if not zeros.numel() and part.kind != "fp8" else 0
     layout = Layout(n, k, lay.group_size, 1, n, lay.scale_dtype, 1, n // f, lay.zero_add, const)
     rows = RowPacked(part.kind, part.source, _EMPTY, scales, zeros, perm, layout, (n, k), kept)
     read_zeros = zeros.numel() and qtype.endswith("_zp")

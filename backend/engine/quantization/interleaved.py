@@ -15,6 +15,7 @@ dequantize_rows moves the rows back and decodes them as row_packed does.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cache
 from typing import TypeGuard
@@ -28,8 +29,8 @@ from backend.engine.quantization.row_packed import RowPacked
 
 PANEL = 16  # rows a panel (csrc/interleaved.cpp PANEL)
 TYPES = {"q4_0": 2, "q4_1": 4, "q8_0": 2}  # kept type -> header bytes of one GGUF block (d; d and m)
-HEAD = TYPES | {"w4": 0, "w4_zp": 0, "w8": 0, "w8_zp": 0}  # packed kinds (group_scales): no header
-EIGHT_BIT = ("q8_0", "w8", "w8_zp")
+HEAD = TYPES | {"w4": 0, "w4_zp": 0, "w8": 0, "w8_zp": 0, "fp8": 0}  # packed kinds (group_scales): no header
+EIGHT_BIT = ("q8_0", "w8", "w8_zp", "fp8")
 
 
 @dataclass(slots=True)
@@ -96,8 +97,11 @@ def q8_0_row_bytes(k: int) -> torch.Tensor:
 
 
 def can_interleave(part: object) -> TypeGuard[QuantizedWeight | RowPacked]:
+    """Whether part takes this layout (read when a model loads); PLAYGROUND_INTERLEAVED_PACKED=0 keeps
+    packed integers in packed_rows' row layout (A/B runs)."""
     if isinstance(part, RowPacked):
-        return part.shape[0] % PANEL == 0 and group_scales(part) is not None
+        enabled = os.environ.get("PLAYGROUND_INTERLEAVED_PACKED", "1") != "0"
+        return enabled and part.shape[0] % PANEL == 0 and group_scales(part) is not None
     return (
         isinstance(part, QuantizedWeight)
         and part.qtype in TYPES
