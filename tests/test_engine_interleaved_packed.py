@@ -4,7 +4,8 @@ checkpoint stores) and the weights (the PyTorch decoding equals the format's own
 computes x @ W^T + bias bit for bit where every fp32 step of the dequantized product is exact (so only a
 wrong weight, scale, zero, order, or a rounding of the weights shows), within summation error elsewhere, at
 every batch size; planted bugs (nibbles swapped, GPTQ's zero offset lost, act-order's input order ignored)
-are caught; a bf16 engine runs a fused q/k/v as one part and generates the tokens of the packed_rows path."""
+are caught; a bf16 engine runs a fused q/k/v as one part and generates the tokens of the packed_rows path,
+its decode steps captured (decode_graph) or not."""
 
 from __future__ import annotations
 
@@ -191,8 +192,12 @@ def test_bf16_engine_runs_interleaved_and_matches_the_packed_rows_path(scheme, t
     assert len(layers) == 2 * 4 and all(m.all_interleaved for m in layers)
     if not scheme.desc_act:  # q/k/v and gate/up joined (act-order: each its own input order here)
         assert all(len(m.parts) == 1 for m in layers)
+    if cpu_kernels.gemm_bf16_enabled():  # the dense lm_head on gemm_bf16: decode steps are captured
+        assert llm.llm_engine.runner.decode_graph is not None
     outs = [o.outputs[0].token_ids for o in llm.generate(batch, params)]
     assert_engine_clean(llm)
+    eager = LLM(str(path), dtype="bfloat16", device="cpu", max_num_batched_tokens=32, enforce_eager=True)
+    assert [o.outputs[0].token_ids for o in eager.generate(batch, params)] == outs  # the modules' tokens
     monkeypatch.setenv("PLAYGROUND_INTERLEAVED_PACKED", "0")
     rows = LLM(str(path), dtype="bfloat16", device="cpu", max_num_batched_tokens=32)
     row_layers = [m for m in rows.llm_engine.runner.model.modules() if isinstance(m, QuantizedLinear)]

@@ -28,6 +28,7 @@ class Signature(IntEnum):  # csrc/step_graph.cpp's, with the argument lists writ
     SILU_AND_MUL = 4
     ROPE_AND_CACHE = 5
     DECODE_ATTENTION = 6
+    INTERLEAVED = 7
 
 
 class Op(ctypes.Structure):
@@ -81,8 +82,10 @@ def linear_ops(module: Linear | QuantizedLinear, x: torch.Tensor, out: torch.Ten
         assert isinstance(part, Interleaved)
         stop = start + part.shape[0]
         bias = None if module.bias is None else module.bias[start:stop]
-        ints = [x.data_ptr(), ptr(part.data), ptr(bias), out[:, start].data_ptr(), 0, *part.shape, ldy]
-        ops.append(op(f"interleaved_gemm_{part.qtype}", Signature.GEMM, 4, ints))
+        y = out[:, start].data_ptr()
+        groups = 0 if part.groups is None else part.groups.address  # packed kinds' scales, zeros, perm
+        ints = [x.data_ptr(), ptr(part.data), ptr(bias), y, 0, *part.shape, ldy, groups]
+        ops.append(op(f"interleaved_gemm_{part.qtype}", Signature.INTERLEAVED, 4, ints))
         start = stop
     return ops
 

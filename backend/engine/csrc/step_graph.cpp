@@ -10,7 +10,7 @@
 namespace {
 
 enum Signature : int64_t {
-    GEMM = 0,            // (x, w, bias, y, rows, n, k, ldy): interleaved_gemm_*, gemm_bf16_silu_and_mul
+    GEMM = 0,            // (x, w, bias, y, rows, n, k, ldy): gemm_bf16_silu_and_mul
     GEMM_BF16 = 1,       // (x, w, bias, y, rows, n, k, ldy, float_out)
     RMS_NORM = 2,        // (x, weight, out, rows, dim, eps)
     ADD_RMS_NORM = 3,    // (x, residual, weight, out, residual_out, rows, dim, eps)
@@ -19,6 +19,7 @@ enum Signature : int64_t {
                          //  slots, k_scale, v_scale, limit)
     DECODE_ATTENTION = 6,  // (q, k_cache, v_cache, tables, lens, out, rows, heads, kv_heads, dim, blocks,
                            //  block_size, max_blocks, q_stride, scale, v_scale)
+    INTERLEAVED = 7,     // (x, w, bias, y, rows, n, k, ldy, groups): interleaved_gemm_*
 };
 
 constexpr int MAX_INTS = 14;
@@ -49,6 +50,10 @@ void run(const Op &op) {
         case GEMM_BF16:
             reinterpret_cast<void (*)(P, P, P, P, I, I, I, I, I)>(op.function)(p(a, 0), p(a, 1), p(a, 2), p(a, 3),
                                                                            a[4], a[5], a[6], a[7], a[8]);
+            break;
+        case INTERLEAVED:
+            reinterpret_cast<void (*)(P, P, P, P, I, I, I, I, P)>(op.function)(p(a, 0), p(a, 1), p(a, 2), p(a, 3),
+                                                                           a[4], a[5], a[6], a[7], p(a, 8));
             break;
         case RMS_NORM:
             reinterpret_cast<void (*)(P, P, P, I, I, F)>(op.function)(p(a, 0), p(a, 1), p(a, 2), a[3], a[4], f[0]);
