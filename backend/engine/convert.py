@@ -21,8 +21,8 @@ def convert_gguf(gguf: str | Path, out: str | Path, dtype: str = "bfloat16") -> 
     """Write the folder; returns its path. ValueError for a bad input, FileExistsError for a used folder."""
     import torch  # heavy: imported when converting, not when the CLI parses its arguments
     from safetensors.torch import save_file
-    from transformers import AutoTokenizer
 
+    from backend.engine.gguf_cache import config_and_tokenizer
     from backend.engine.loader import architecture_of, read_gguf
 
     gguf, out = Path(gguf).expanduser(), Path(out).expanduser()
@@ -44,7 +44,8 @@ def convert_gguf(gguf: str | Path, out: str | Path, dtype: str = "bfloat16") -> 
     if hasattr(hf_config, "quantization_config"):  # it names the GGUF file; the folder holds plain weights
         del hf_config.quantization_config
     hf_config.save_pretrained(out)
-    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(out)
+    # the engine's converted tokenizer (cached after the first parse of the file's 49k-string vocabulary)
+    config_and_tokenizer(str(gguf))[1].save_pretrained(out)
     return out
 
 
