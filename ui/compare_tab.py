@@ -101,6 +101,8 @@ def run(ctx: AppContext, form: dict[str, Any], progress: Any = None) -> tuple:
 
 def build(ctx: AppContext) -> None:
     form: dict[str, Any] = {}
+    # the results table spans the page: its dozen columns were cut off beside the form
+    table = gr.HTML(elem_id="compare-table-box")
     with gr.Row():
         with gr.Column(scale=2):
             form["chosen"] = gr.CheckboxGroup(
@@ -124,7 +126,6 @@ def build(ctx: AppContext) -> None:
             message = gr.HTML(elem_id="compare-message")
             files = gr.File(label="Report (JSON, standalone HTML)", file_count="multiple")
         with gr.Column(scale=3):
-            table = gr.HTML(elem_id="compare-table-box")
             throughput = gr.Plot(label="Throughput over time", elem_id="compare-throughput")
             latency = gr.Plot(label="Latency distributions", elem_id="compare-latency")
             kv = gr.Plot(label="KV usage over time", elem_id="compare-kv")
