@@ -61,6 +61,9 @@ def test_compare_embedded_and_vllm(page):
         row = page.locator(f"#compare-table tr[data-target={target}]").inner_text()
         assert "4/0" in row and "tok/s" not in row  # 4 done, 0 failed; numbers only
     assert page.locator("#compare-kv .js-plotly-plot").count() == 1
+    # every column in view: beside the form the table was cut off after its seventh column
+    box = "document.querySelector('#compare-table').parentElement"
+    assert page.evaluate(f"() => {box}.scrollWidth <= {box}.clientWidth + 1")
     shot(page, "compare")
 
 
