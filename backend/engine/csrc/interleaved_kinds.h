@@ -72,7 +72,7 @@ struct Nibbles {  // a chunk: k-pairs 2 c and 2 c + 1 of 16 rows, q + OFFSET
 };
 
 struct NibblesMinusZero {  // q - z, z per row and group (word 2 r + e of Zeros: row r's)
-    static constexpr int CHUNKS = 8, PAIRS = 2, MANY_ROWS = 8;  // one more register a panel: 8 x 1 tiles
+    static constexpr int CHUNKS = 8, PAIRS = 2, MANY_ROWS = 6;  // 6 x 2 tiles: 1.0-1.3x 8 x 1 (9-32 rows)
     static constexpr bool DECODE_ONCE = false;
     static constexpr float SCALE = 1.0f;
     using Zeros = __m512i;
