@@ -87,3 +87,22 @@ def test_tab_sends_the_random_token_prompts_the_cli_sends(app_api, tmp_path):
         assert len(tokenizer(request.prompt, add_special_tokens=False)["input_ids"]) == WORKLOAD["input_len"]
     for result in [*tab["results"].values(), *cli["results"].values()]:  # as the server counted them
         assert result["input_lens"] == [WORKLOAD["input_len"]] * WORKLOAD["num_prompts"], result["errors"]
+
+
+def test_embedded_target_plans_the_engine_as_it_runs(app_api):
+    """The tab's plan row for the embedded engine is the planner's view of the running engine: its weights
+    (dtype or as stored) and its own KV pool, in the planner's tokens (equal when the bytes a token agree)."""
+    ctx, _ = app_api
+    stats = ctx.holder.stats()
+    target = compare_tab.embedded_target(ctx)
+    assert target.planned["weights_bytes"] == stats.weights_bytes
+    assert target.planned["kv_cache_tokens"] == stats.num_kv_blocks_total * stats.block_size
+
+
+def test_running_engine_request_keeps_a_quantized_checkpoint_as_stored():
+    from backend.planner.launch_here import running_engine_request
+
+    assert running_engine_request("m.gguf", "bfloat16", quantized=True).quant == "auto"
+    assert running_engine_request("m", "torch.bfloat16", quantized=False).quant == "bf16"
+    fp8_kv = running_engine_request("m", "float32", quantized=False, kv_cache_dtype="fp8")
+    assert fp8_kv.kv_cache_dtype == "fp8"

@@ -19,20 +19,23 @@ EXTERNAL = ("vllm", "sglang", "llamacpp")
 def embedded_target(ctx: AppContext):
     from backend.bench.compare import CompareTarget
     from backend.bench.compare_targets import planned
-    from backend.planner.request import PlanRequest
+    from backend.planner.launch_here import running_engine_request
 
-    engine, status = ctx.holder.get(), ctx.holder.status()
-    if engine is None or status.config is None:
+    engine, status, stats = ctx.holder.get(), ctx.holder.status(), ctx.holder.stats()
+    if engine is None or status.config is None or stats is None:
         raise ValueError("the embedded engine is not running: press Launch in the Launch tab")
     config = status.config
-    req = PlanRequest(model=config.model, gpu="CPU", engine="embedded", quant="bf16")
+    quantized = stats.quantization is not None
+    req = running_engine_request(
+        config.model, stats.dtype, quantized, config.kv_cache_dtype, stats.max_model_len
+    )
     return CompareTarget(
         name=EMBEDDED,
         base_url=ctx.api_base,
         model=engine.model_name,
         pids=lambda: [os.getpid()],  # this app's process: the engine and the UI together
-        block_size=stats.block_size if (stats := ctx.holder.stats()) is not None else 16,
-        planned=planned(req),
+        block_size=stats.block_size,
+        planned=planned(req, kv_bytes=stats.kv_pool_bytes),  # the pool it really has, in plan tokens
         tokenizer=config.model,
     )
 

@@ -97,22 +97,20 @@ def form_values(config: EngineConfig) -> dict[str, Any]:
 
 @functools.cache
 def planned_memory(
-    model: str, dtype: str, as_stored: bool = False, kv_cache_dtype: str = "auto"
+    model: str,
+    dtype: str,
+    as_stored: bool = False,
+    kv_cache_dtype: str = "auto",
+    max_model_len: int | None = None,
 ) -> dict[str, Any]:
-    """The planner's weights and KV-per-token figures for a launched model ({} when it cannot say):
-    quant "auto" when the engine runs the checkpoint as stored, else the dtype it dequantized to."""
-    from backend.planner import PlanRequest, estimate
+    """The planner's weights and KV-per-token figures for a launched model ({} when it cannot say)."""
+    from backend.planner import estimate
+    from backend.planner.launch_here import running_engine_request
 
-    quant = {"torch.bfloat16": "bf16", "bfloat16": "bf16", "torch.float16": "fp16", "float16": "fp16"}
     try:
-        req = PlanRequest(
-            model=model,
-            gpu="CPU",
-            engine="embedded",
-            quant="auto" if as_stored else quant.get(dtype, "fp32"),
-            kv_cache_dtype=kv_cache_dtype,
-        )
-        return estimate(req).to_dict()
+        return estimate(
+            running_engine_request(model, dtype, as_stored, kv_cache_dtype, max_model_len)
+        ).to_dict()
     except (ValueError, OSError):  # a model the planner cannot read (e.g. the Hub when offline)
         return {}
 
@@ -149,7 +147,8 @@ def status_html(holder: EngineHolder) -> str:
 def ready_card(status: EngineStatus, stats: EngineStats) -> str:
     assert status.config is not None
     kv_dtype = status.config.kv_cache_dtype
-    plan = planned_memory(status.config.model, stats.dtype, stats.quantization is not None, kv_dtype)
+    as_stored = stats.quantization is not None
+    plan = planned_memory(status.config.model, stats.dtype, as_stored, kv_dtype, stats.max_model_len)
     kv_tokens = stats.num_kv_blocks_total * stats.block_size
     cells = [
         ("Model", display_name(status.config.model, stats.quantization, stats.dtype)),

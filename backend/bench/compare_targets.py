@@ -61,15 +61,16 @@ def kv_memory_bytes(engine: str) -> int | None:
     return None
 
 
-def planned(req: PlanRequest) -> dict:
-    """The planner's weights and KV capacity (tokens) for the engine's KV memory; {} when it cannot say."""
+def planned(req: PlanRequest, kv_bytes: int | None = None) -> dict:
+    """The planner's weights and KV capacity (tokens) for the engine's KV memory (kv_bytes: a pool of this
+    size, e.g. a running engine's own; default: what the engine gives itself here); {} when it cannot say."""
     from backend.planner import estimate
 
     try:
         est = estimate(req).to_dict()
     except (ValueError, OSError):
         return {}
-    kv = kv_memory_bytes(req.engine)
+    kv = kv_bytes or kv_memory_bytes(req.engine)
     per_token = est.get("kv_bytes_per_token")
     return {
         "weights_bytes": est.get("weights_bytes"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from backend.default_model import DEFAULT_HUB_ID, DEFAULT_MODEL_NAME
 from backend.engine.config import KV_CACHE_DTYPES, EngineConfig, config_field
@@ -84,6 +85,35 @@ def memory_needed(plan: PlanRequest, model: str, machine: LocalHardware) -> tupl
     kv = max(MIN_KV_BYTES, one_sequence)
     needed = int(est.weights_bytes + est.activation_bytes + est.overhead_bytes + kv)
     return needed, gpu.memory_free_bytes if gpu else machine.ram_available_bytes, kv
+
+
+def running_engine_request(
+    model: str,
+    dtype: str,
+    quantized: bool,
+    kv_cache_dtype: str = "auto",
+    max_model_len: int | None = None,
+    **workload: Any,
+) -> PlanRequest:
+    """The plan of the embedded engine as it runs here (from its config and stats): quant "auto" when it
+    computes from the checkpoint as stored, else the dtype it holds the weights in; its max_model_len, with
+    a workload inside it unless one is given. The one place the Launch card, the Benchmark tab and the
+    Compare tab get the planner's view of the running engine."""
+    names = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+    quant = "auto" if quantized else names.get(dtype.removeprefix("torch."), "fp32")
+    kv = kv_cache_dtype if kv_cache_dtype in KV_CACHE_DTYPES else "auto"
+    if max_model_len:  # weights and KV bytes a token do not depend on it; the request must be valid
+        workload.setdefault("input_len", min(1024, max(max_model_len // 2, 1)))
+        workload.setdefault("output_len", max(min(256, max_model_len - workload["input_len"]), 1))
+    return PlanRequest(
+        model=model,
+        gpu="CPU",
+        engine="embedded",
+        quant=quant,
+        kv_cache_dtype=kv,
+        max_model_len=max_model_len,
+        **workload,
+    )
 
 
 def check_weights(plan: PlanRequest, model: str, hub_online: bool) -> list[str]:
