@@ -76,7 +76,7 @@ def engine_outputs(model: str, dtype: str, prompts: list[list[int]], logprobs: i
     if model.endswith(".gguf"):
         assert llm.model_name == "SmolLM2-135M-Instruct"
         stats = llm.stats()  # kept at Q4_1 as stored (Q8_0 embedding): 96.5 MB, 270 MB dequantized
-        assert stats.quantization == "gguf Q8_0 (1 tensors), Q4_1 (210 tensors)"
+        assert stats.quantization == "gguf Q8_0 (1 tensor), Q4_1 (210 tensors)"
         assert stats.weights_bytes <= 110e6
     return [out.outputs[0] for out in outs]
 

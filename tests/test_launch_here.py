@@ -101,7 +101,7 @@ def test_check_plan_fills_the_launch_form_or_explains(machine):
 
 def test_the_launch_card_names_the_model_and_its_format():
     assert display_name(GGUF) == "SmolLM2-135M-Instruct · GGUF Q4_1"
-    quantization = "gguf Q8_0 (1 tensors), Q4_1 (210 tensors)"
+    quantization = "gguf Q8_0 (1 tensor), Q4_1 (210 tensors)"
     assert gguf_type(quantization) == "Q4_1"
     assert (
         display_name("/m/Llama-3.1-8B-Instruct-Q4_K_M.gguf", quantization)

@@ -115,7 +115,7 @@ def describe_quantization(quantized: dict[str, Part], hf_config: Any = None) -> 
         else:
             group = config.get("group_size", config.get("q_group_size"))
             method += f" (group {'per-channel' if group == -1 else group})"
-    return f"{method} " + ", ".join(f"{t} ({n} tensors)" for t, n in counts.items())
+    return f"{method} " + ", ".join(f"{t} ({n} tensor{'' if n == 1 else 's'})" for t, n in counts.items())
 
 
 def read_packed(state: dict[str, torch.Tensor], hf_config: Any, dequantize_weights: bool) -> dict[str, Part]:
