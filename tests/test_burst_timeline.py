@@ -49,9 +49,12 @@ def test_cli_times_each_request_of_the_burst_in_order(capsys):
         times = [number(c) for c in cells[1:7]]
         assert times == sorted(times), cells
         assert number(cells[7]) == pytest.approx(times[5] - times[0], abs=2)  # TTFT: chunk - arrival
-    # every prompt token of the burst was computed by the step that gave its last first token
-    assert number(requests[-1][8]) == burst * prompt_len
+    # every prompt token of the burst was computed by the step that gave its last first token; a prompt the
+    # budget splits 63 + 1 (it depends on arrival timing) has its last token counted as a decode row, as the
+    # runner computes a one-token chunk (the decode kernel over its cached prompt)
     steps = table(out, "| step |")
-    assert sum(int(cells[3]) for cells in steps) == burst * prompt_len
+    total = sum(int(cells[3]) for cells in steps)
+    assert number(requests[-1][8]) == total  # rows in first-token order: the last one saw every step
+    assert burst * (prompt_len - 1) <= total <= burst * prompt_len
     assert all(int(cells[3]) + int(cells[2]) <= 128 for cells in steps)  # the step token budget
     assert "prefill floor" in out and "client: TTFT p99" in out
