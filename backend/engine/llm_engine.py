@@ -55,7 +55,7 @@ class LLMEngine:
             cos, sin = rope_tables(self.hf_config, model.args.head_dim, self.max_model_len)
             model.rope_cos, model.rope_sin = cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
             self.runner = ModelRunner(model, num_blocks, config.block_size, config.kv_cache_dtype)
-            self.log_decode_path(config)
+            self.capture_decode_steps(config)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.sampler = Sampler(config.seed, use_kernel=self.runner.decode_kernel)
         self.speculator = make_speculator(self, num_blocks)
@@ -72,7 +72,7 @@ class LLMEngine:
         self.fault_injector = fault_injector_from_env(self.tokenizer)  # test-only; None unless set
         self.update = StepUpdate(self)
 
-    def log_decode_path(self, config: EngineConfig) -> None:
+    def capture_decode_steps(self, config: EngineConfig) -> None:
         """Capture decode steps unless enforce_eager, and say once which path they take and why."""
         if config.enforce_eager:
             log.info("decode steps run the model's modules (enforce_eager)")
