@@ -2,7 +2,8 @@
 logits bit-identical to enforce_eager's, and so the same greedy tokens, on a tiny random bf16 model and on
 the default GGUF kept at Q4_1, with an fp8 KV cache, while batches shrink and grow, under preemption,
 with prefix-cache hits and with speculative decoding (its verify steps take the modules). A planted
-stale buffer fails the comparison. Models the graph cannot serve keep the modules and say why."""
+stale buffer fails the comparison. The embedding is one of the captured calls (a dense table's rows, the
+default GGUF's interleaved Q8_0 ones). Models the graph cannot serve keep the modules and say why."""
 
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ def run_both(model: str, batch: list[list[int]], params: list[SamplingParams], *
     if llms[False].llm_engine.runner.decode_graph is None:
         pytest.skip("this CPU's kernels cannot capture the model (no AVX512_BF16 gemm_bf16 / interleaved)")
     assert llms[True].llm_engine.runner.decode_graph is None
+    assert llms[False].llm_engine.runner.decode_graph.embeds_in_graph  # dense table or interleaved Q8_0
     logs = {eager: recorded(llm) for eager, llm in llms.items()}
     outputs = {eager: llm.generate(batch, params) for eager, llm in llms.items()}
     tokens = {eager: [out.outputs[0].token_ids for out in outs] for eager, outs in outputs.items()}

@@ -117,3 +117,30 @@ def test_tied_embedding_shares_the_interleaved_lm_head(tmp_path):
     (table,) = (t for t in GGUFReader(path).tensors if t.name == "token_embd.weight")
     expected = torch.from_numpy(dequantize(table.data, Q.Q4_1)).view(-1, 256)[ids].bfloat16()
     assert torch.equal(model.embed_tokens(ids), expected)
+
+
+@needs_interleaved
+def test_embedding_kernel_decodes_the_rows_the_module_decodes(tmp_path):
+    """interleaved_embedding_q8_0 (a captured decode step's embedding) gives the tied Q8_0 embedding's rows
+    bit for bit, for ids in every position of a panel; the lm_head's fp32 logits (float_output) are its
+    bf16 results widened."""
+    path = write_tiny_gguf(tmp_path / "tied-q8_0.gguf", dict.fromkeys(LINEAR_KINDS, Q.Q4_1), Q.Q8_0)
+    llm = LLM(str(path), dtype="bfloat16", max_model_len=128, max_num_seqs=2)
+    model = llm.llm_engine.runner.model
+    weight = model.embed_tokens.weight_q
+    assert isinstance(weight, Interleaved) and weight.qtype == "q8_0"
+    ids = torch.tensor([0, 1, 15, 16, 17, 31, 2047, 1000, 1])
+    out = torch.empty(len(ids), weight.shape[1], dtype=torch.bfloat16)
+    cpu_kernels.interleaved_embedding_q8_0(ids, weight, out)
+    (table,) = (t for t in GGUFReader(path).tensors if t.name == "token_embd.weight")
+    expected = torch.from_numpy(dequantize(table.data, Q.Q8_0)).view(-1, weight.shape[1])[ids].bfloat16()
+    assert torch.equal(out, expected)
+    assert torch.equal(model.embed_tokens(ids), expected)
+    assert not torch.equal(out[1], out[2])  # rows of one panel are told apart
+    x = torch.randn(3, weight.shape[1]).bfloat16()
+    assert model.lm_head.float_output
+    logits = model.lm_head(x)
+    assert logits.dtype == torch.float32
+    bf16 = torch.empty(3, weight.shape[0], dtype=torch.bfloat16)
+    cpu_kernels.interleaved_gemm(x, weight, None, bf16)
+    assert torch.equal(logits, bf16.float())

@@ -56,7 +56,7 @@ QUANT_GEMV_MAX_ROWS = 8  # csrc/quantized.cpp MAX_ROWS (and csrc/packed_rows.cpp
 QUANT_GEMM_TYPES = ("q4_0", "q4_1", "q8_0")  # quant_gemm: bf16 activations, builds with AVX512_BF16
 # csrc/interleaved.cpp (bf16 activations, AVX512_BF16 builds): GGUF types, then packed kinds (group_scales)
 INTERLEAVED_TYPES = ("q4_0", "q4_1", "q8_0", "w4", "w4_zp", "w8", "w8_zp", "fp8")
-INTERLEAVED_SIGNATURE = [PTR] * 4 + [INT] * 4 + [PTR]  # x, w, bias, y, rows, n, k, ldy, groups (or null)
+INTERLEAVED_SIGNATURE = [PTR] * 4 + [INT] * 4 + [PTR, INT]  # x, w, bias, y, rows, n, k, ldy, groups, fp32 y
 PACKED_KINDS = ("w4", "w8", "fp8")  # csrc/packed_rows.cpp: GPTQ / AWQ / compressed-tensors ints, fp8
 PACKED_SIGNATURES = {
     "packed_gemv": [PTR] * 7 + [INT, INT, PTR],
@@ -194,6 +194,8 @@ def _open(path: Path) -> ctypes.CDLL:
         library.gemm_bf16_silu_and_mul.restype = None
         library.gemm_bf16_available.restype = ctypes.c_int
         library.interleaved_available.restype = ctypes.c_int
+        library.interleaved_embedding_q8_0.argtypes = [PTR] * 3 + [INT] * 2
+        library.interleaved_embedding_q8_0.restype = None
         for qtype in INTERLEAVED_TYPES:
             getattr(library, f"interleaved_gemm_{qtype}").argtypes = INTERLEAVED_SIGNATURE
             getattr(library, f"interleaved_gemm_{qtype}").restype = None
@@ -501,8 +503,10 @@ def interleaved_gemm(
     bias: torch.Tensor | None,  # [n] bf16
     out: torch.Tensor,  # [rows, >= n] bf16 view of a contiguous [rows, ldy] tensor: columns 0..n-1 written
 ) -> None:
-    """y = x @ W^T + bias on the interleaved layout (the decode hot path: its function looked up once)."""
+    """y = x @ W^T + bias on the interleaved layout (the decode hot path: its function looked up once).
+    An fp32 out takes the bf16 results widened (an lm_head's logits, as gemm_bf16's float_out)."""
     assert x.is_contiguous() and x.dtype == torch.bfloat16 and out.stride(1) == 1
+    assert out.dtype in (torch.bfloat16, torch.float32)
     _interleaved_function(part.qtype)(
         x.data_ptr(),
         part.data.data_ptr(),
@@ -513,7 +517,19 @@ def interleaved_gemm(
         x.shape[1],
         out.stride(0),
         None if part.groups is None else part.groups.address,
+        int(out.dtype == torch.float32),
     )
+
+
+def interleaved_embedding_q8_0(ids: torch.Tensor, part, out: torch.Tensor) -> torch.Tensor:
+    """out [T, k] bf16 = rows ids [T] (int64) of an interleaved Q8_0 part, decoded as quant_dequant_q8_0
+    decodes their GGUF blocks (what a captured decode step's embedding call runs)."""
+    assert ids.dtype == torch.int64 and ids.is_contiguous() and out.is_contiguous()
+    assert part.qtype == "q8_0" and out.dtype == torch.bfloat16 and out.shape == (ids.shape[0], part.shape[1])
+    library = load_library()
+    assert library is not None, "called only where the interleaved layout is in use"
+    library.interleaved_embedding_q8_0(ids.data_ptr(), part.data.data_ptr(), out.data_ptr(), *out.shape)
+    return out
 
 
 @cache

@@ -6,8 +6,9 @@ Every call reads and writes persistent buffers sized for max_num_seqs rows: the 
 positions, slots and context lengths ([4, S] int64), block tables [S, max_blocks] (max_model_len wide, so
 a row's stride never changes), hidden states, two residual streams (the fused add + norm may not write
 its input), q/k/v, attention output, gate/up, the MLP activation and the logits. A step with M rows
-copies its inputs into the first M rows, embeds its tokens with a torch call, then runs the calls with
-M as their row count; rows past M are never read. The calls are those of the eager modules with the same
+copies its inputs into the first M rows, then runs the calls with M as their row count (the first one
+embeds the tokens: a dense table's rows or an interleaved Q8_0 one's, else a torch call embeds them before);
+rows past M are never read. The calls are those of the eager modules with the same
 arguments (the decode kernel reads a row's first ceil(len / block_size) table entries whatever the
 tables' width), so the logits are the eager path's bit for bit (tests/test_decode_graph.py).
 
@@ -29,6 +30,7 @@ from backend.engine.graph_ops import (
     Op,
     add_rms_norm_op,
     decode_attention_op,
+    embedding_op,
     linear_ops,
     rms_norm_op,
     rope_and_cache_op,
@@ -36,6 +38,7 @@ from backend.engine.graph_ops import (
     unsupported_linear,
 )
 from backend.engine.models.llama import DecoderLayer, Linear, LlamaForCausalLM, RMSNorm
+from backend.engine.quantization.quantized_linear import QuantizedLinear
 from backend.engine.scheduler import ScheduledSeq
 
 
@@ -101,15 +104,19 @@ class DecodeGraph:
         self.attention_out = buffer(attention.q_size)
         self.gate_up = buffer(2 * args.intermediate_size)
         self.activation = buffer(args.intermediate_size)
-        float_logits = isinstance(model.lm_head, Linear) and model.lm_head.float_output  # else dtype logits
+        lm_head = model.lm_head  # Linear / an interleaved QuantizedLinear: fp32 logits; else dtype logits
+        float_logits = isinstance(lm_head, Linear | QuantizedLinear) and lm_head.float_output
         self.logits = buffer(args.vocab_size, torch.float32 if float_logits else dtype)
         ops = self.capture(kv_caches)
         self.ops = (Op * len(ops))(*ops)
 
     def capture(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[Op]:
-        """The step's calls in order: per layer its norms, projections, RoPE + cache write and attention."""
+        """The step's calls in order: the embedding (where a kernel does it), then per layer its norms,
+        projections, RoPE + cache write and attention."""
         model = self.model
-        ops: list[Op] = []
+        embedding = embedding_op(model.embed_tokens, self.step_ints[0], self.hidden)
+        self.embeds_in_graph = embedding is not None
+        ops: list[Op] = [embedding] if embedding is not None else []
         residual = self.hidden
         for i, (layer, kv_cache) in enumerate(zip(decoder_layers(model), kv_caches, strict=True)):
             norm = layer.input_layernorm
@@ -190,9 +197,21 @@ class DecodeGraph:
     def run(self, step: StepRows) -> torch.Tensor:
         """The step's logits [M, vocab] fp32 (a view of the graph's buffer for an fp32 lm_head)."""
         rows = len(step.ints) // 4
-        self.step_ints[:, :rows].copy_(torch.frombuffer(step.ints, dtype=torch.int64).view(4, rows))
-        tables = torch.frombuffer(step.tables, dtype=torch.int64).view(rows, step.num_blocks)
-        self.block_tables[:rows, : step.num_blocks].copy_(tables)
-        self.hidden[:rows].copy_(self.model.embed_tokens(self.step_ints[0, :rows]))
+        copy_rows(step.ints, self.step_ints, 4, rows)
+        copy_rows(step.tables, self.block_tables, rows, step.num_blocks)
+        if not self.embeds_in_graph:
+            with torch.inference_mode():
+                self.hidden[:rows].copy_(self.model.embed_tokens(self.step_ints[0, :rows]))
         cpu_kernels.run_step_graph(self.ops, rows)
         return self.logits[:rows].float()
+
+
+def copy_rows(values: array.array, buffer: torch.Tensor, count: int, width: int) -> None:
+    """values (count rows of width int64s) into the first width columns of buffer's first count rows, by
+    memmove: a step's few host-to-buffer copies without torch calls (each cost tens of microseconds after
+    the weights' stream evicted the caches)."""
+    address, _ = values.buffer_info()
+    stride, item = buffer.stride(0) * 8, 8 * width
+    assert buffer.dtype == torch.int64 and len(values) == count * width and count <= buffer.shape[0]
+    for row in range(count):
+        ctypes.memmove(buffer.data_ptr() + row * stride, address + row * item, item)

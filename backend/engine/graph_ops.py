@@ -15,7 +15,7 @@ import torch
 from backend.engine import cpu_kernels
 from backend.engine.models.llama import Linear
 from backend.engine.quantization.interleaved import Interleaved
-from backend.engine.quantization.quantized_linear import QuantizedLinear
+from backend.engine.quantization.quantized_linear import QuantizedEmbedding, QuantizedLinear
 
 MAX_INTS, MAX_FLOATS = 14, 3  # csrc/step_graph.cpp
 
@@ -29,6 +29,7 @@ class Signature(IntEnum):  # csrc/step_graph.cpp's, with the argument lists writ
     ROPE_AND_CACHE = 5
     DECODE_ATTENTION = 6
     INTERLEAVED = 7
+    EMBEDDING = 8
 
 
 class Op(ctypes.Structure):
@@ -78,16 +79,32 @@ def linear_ops(module: Linear | QuantizedLinear, x: torch.Tensor, out: torch.Ten
         ints = [x.data_ptr(), w, ptr(module.packed_bias), out.data_ptr(), 0, n, k, ldy, float_out]
         return [op("gemm_bf16", Signature.GEMM_BF16, 4, ints)]
     ops, start = [], 0
+    float_out = int(out.dtype == torch.float32)  # an lm_head's fp32 logits (QuantizedLinear.float_output)
     for part in module.parts:
         assert isinstance(part, Interleaved)
         stop = start + part.shape[0]
         bias = None if module.bias is None else module.bias[start:stop]
         y = out[:, start].data_ptr()
         groups = 0 if part.groups is None else part.groups.address  # packed kinds' scales, zeros, perm
-        ints = [x.data_ptr(), ptr(part.data), ptr(bias), y, 0, *part.shape, ldy, groups]
+        ints = [x.data_ptr(), ptr(part.data), ptr(bias), y, 0, *part.shape, ldy, groups, float_out]
         ops.append(op(f"interleaved_gemm_{part.qtype}", Signature.INTERLEAVED, 4, ints))
         start = stop
     return ops
+
+
+def embedding_op(embedding: object, ids: torch.Tensor, out: torch.Tensor) -> Op | None:
+    """out [rows] = the embeddings of ids [rows] (int64), a dense table's rows copied or an interleaved Q8_0
+    weight's rows decoded as the eager module decodes them; None for other embeddings (the step's torch call
+    embeds then)."""
+    if isinstance(embedding, torch.nn.Embedding) and embedding.weight.dtype == out.dtype:
+        row_bytes = embedding.weight.shape[1] * embedding.weight.element_size()
+        ints = [ids.data_ptr(), embedding.weight.data_ptr(), out.data_ptr(), 0, row_bytes]
+        return op("embedding_rows", Signature.EMBEDDING, 3, ints)
+    weight = embedding.weight_q if isinstance(embedding, QuantizedEmbedding) else None
+    if isinstance(weight, Interleaved) and weight.qtype == "q8_0" and out.dtype == torch.bfloat16:
+        ints = [ids.data_ptr(), weight.data.data_ptr(), out.data_ptr(), 0, weight.shape[1]]
+        return op("interleaved_embedding_q8_0", Signature.EMBEDDING, 3, ints)
+    return None
 
 
 def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> Op:

@@ -104,20 +104,28 @@ class ModelRunner:
     def kv_pool_bytes(self) -> int:
         return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.kv_caches)
 
-    @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], torch.Tensor]:
         """Run one step. Returns the sequences that sample (in row order) and their logits [n, vocab] fp32,
         `num_logits` consecutive rows per sequence (1 + its drafts when it verifies drafts).
 
         Rows are decodes first, then prefill chunks, like vLLM's V1 runner. A decode is one token, or one
         token and its drafts: each draft row is a decode row of its own whose context ends at it (the
-        decode kernel, not a prefill chunk's gather and masked attention; as vLLM's spec decode does)."""
+        decode kernel, not a prefill chunk's gather and masked attention; as vLLM's spec decode does).
+        A captured step calls no torch op that records anything: it skips inference mode's entry and exit
+        (tens of microseconds each on caches the weights' stream has just evicted)."""
         decodes = [s for s in scheduled if s.num_new_tokens == 1 + len(s.spec_token_ids)]
         prefills = [s for s in scheduled if s.num_new_tokens != 1 + len(s.spec_token_ids)]
         if self.decode_graph is not None and not prefills:
             step = self.decode_graph.step_rows(decodes)
             if step is not None:  # every row a plain decode: the captured calls
                 return decodes, self.decode_graph.run(step)
+        return self.execute_modules(decodes, prefills)
+
+    @torch.inference_mode()
+    def execute_modules(
+        self, decodes: list[ScheduledSeq], prefills: list[ScheduledSeq]
+    ) -> tuple[list[ScheduledSeq], torch.Tensor]:
+        """execute() through the model's modules (any step the captured calls do not serve)."""
         ordered = decodes + prefills
         inputs = self.prepare_inputs(ordered)
         num_decode_rows = sum(s.num_new_tokens for s in decodes)

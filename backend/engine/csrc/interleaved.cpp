@@ -1,6 +1,7 @@
 // Weights re-laid out at load with 16 output rows interleaved (llama.cpp's repack does the same for its CPU
 // kernels: block_q4_0x8), in the same bytes, for CPUs with AVX512_BF16:
-//   y [rows, n] (row stride ldy) = x [rows, k] @ W^T (+ bias), bf16 x and y, fp32 sums.
+//   y [rows, n] (row stride ldy) = x [rows, k] @ W^T (+ bias), bf16 x and y, fp32 sums (float_out: y is
+//   fp32 holding the bf16 values, as the logits are sampled; csrc/gemm_bf16.cpp's float_out).
 // GGUF Q4_0 / Q4_1 / Q8_0 (backend/engine/quantization/interleaved.py) and GPTQ / AWQ / compressed-tensors
 // 4- and 8-bit integers (quantization/group_scales.py; their scales and zeros stay beside the weights,
 // csrc/interleaved_kinds.h) share the layout: W's rows in panels of 16 (n a multiple of 16), each panel's
@@ -104,9 +105,14 @@ void tile(const Call &c, int64_t row, int64_t panel, const uint8_t *prefetch, in
         if (c.bias)
             bias = _mm512_castsi512_ps(_mm512_slli_epi32(
                 _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(c.bias + col))), 16));
-        for (int r = 0; r < R; r++)
-            _mm256_storeu_si256(reinterpret_cast<__m256i *>(c.y + (row + r) * c.ldy + col),
-                                (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][v], bias)));
+        for (int r = 0; r < R; r++) {
+            const __m256i out = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][v], bias));
+            const int64_t at = (row + r) * c.ldy + col;
+            if (c.float_out)  // the bf16 value widened: what torch's .float() of the bf16 output gives
+                _mm512_storeu_si512(static_cast<float *>(c.y) + at, _mm512_slli_epi32(_mm512_cvtepu16_epi32(out), 16));
+            else
+                _mm256_storeu_si256(reinterpret_cast<__m256i *>(static_cast<BFloat16 *>(c.y) + at), out);
+        }
     }
 }
 
@@ -192,8 +198,8 @@ inline float block_sum(const BFloat16 *x) {  // of 32 bf16, in fp32
 
 // head: the header bytes of a GGUF panel-block (32: d; 64: d and m), 0 for packed kinds
 template <typename B>
-void gemm(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, BFloat16 *y, int64_t rows, int64_t n,
-          int64_t k, int64_t ldy, const Groups *groups, int64_t head) {
+void gemm(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, void *y, int64_t rows, int64_t n,
+          int64_t k, int64_t ldy, const Groups *groups, int64_t float_out, int64_t head) {
     const int64_t blocks = k / 32, panels = n / PANEL;
     std::vector<BFloat16> permuted(groups && groups->perm ? rows * k : 0);
     for (int64_t i = 0; i < int64_t(permuted.size()); i++)  // x's columns in the weights' order (act-order)
@@ -202,7 +208,8 @@ void gemm(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, BFloat16 *y
     std::vector<float> sums(B::HAS_MIN ? rows * blocks : 0);
     for (int64_t i = 0; i < int64_t(sums.size()); i++) sums[i] = block_sum(x + i * 32);
     const int64_t group_blocks = groups ? groups->group_size / 32 : 1;
-    const Call c{x, w, bias, y, sums.data(), rows, n, k, ldy, groups, head, head + B::CHUNKS * 32, group_blocks};
+    const Call c{x, w, bias, y, sums.data(), rows, n, k, ldy, float_out != 0, groups, head, head + B::CHUNKS * 32,
+                 group_blocks};
 #pragma omp parallel if (panels > 1)
     {
         const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
@@ -213,18 +220,38 @@ void gemm(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, BFloat16 *y
 }  // namespace
 
 #define INTERLEAVED(NAME, KIND, HEAD)                                                                          \
-    extern "C" void interleaved_gemm_##NAME(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias,         \
-                                            BFloat16 *y, int64_t rows, int64_t n, int64_t k, int64_t ldy,      \
-                                            const Groups *groups) {                                            \
-        gemm<KIND>(x, w, bias, y, rows, n, k, ldy, groups, HEAD);                                              \
+    extern "C" void interleaved_gemm_##NAME(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, void *y, \
+                                            int64_t rows, int64_t n, int64_t k, int64_t ldy,                    \
+                                            const Groups *groups, int64_t float_out) {                          \
+        gemm<KIND>(x, w, bias, y, rows, n, k, ldy, groups, float_out, HEAD);                                    \
     }
 extern "C" int interleaved_available() { return 1; }
 
+// out [rows, k] = rows ids[t] of an interleaved Q8_0 weight, decoded as quant_dequant_q8_0 decodes their GGUF
+// blocks (d * q in fp32, rounded once): a tied embedding's lookup in a captured decode step
+extern "C" void interleaved_embedding_q8_0(const int64_t *ids, const uint8_t *w, BFloat16 *out, int64_t rows,
+                                           int64_t k) {
+    const int64_t group_bytes = 32 + 16 * 32, panel_bytes = k / 32 * group_bytes;
+    for (int64_t t = 0; t < rows; t++) {
+        const int64_t r = ids[t] % PANEL;  // its row of the panel: bytes 2 r and 2 r + 1 of each chunk
+        const uint8_t *panel = w + ids[t] / PANEL * panel_bytes;
+        for (int64_t b = 0; b < k / 32; b++) {
+            const uint8_t *group = panel + b * group_bytes;
+            uint16_t half;
+            std::memcpy(&half, group + 2 * r, 2);
+            const float d = _cvtsh_ss(half);
+            for (int i = 0; i < 32; i++)  // weight i = 2 c + e: chunk c's byte 2 r + e
+                store(out[t * k + b * 32 + i], float(int8_t(group[32 + i / 2 * 32 + 2 * r + i % 2])) * d);
+        }
+    }
+}
+
 #else
 #define INTERLEAVED(NAME, KIND, HEAD)                                                                          \
-    extern "C" void interleaved_gemm_##NAME(const BFloat16 *, const uint8_t *, const BFloat16 *, BFloat16 *,   \
-                                            int64_t, int64_t, int64_t, int64_t, const Groups *) {}
+    extern "C" void interleaved_gemm_##NAME(const BFloat16 *, const uint8_t *, const BFloat16 *, void *,       \
+                                            int64_t, int64_t, int64_t, int64_t, const Groups *, int64_t) {}
 extern "C" int interleaved_available() { return 0; }
+extern "C" void interleaved_embedding_q8_0(const int64_t *, const uint8_t *, BFloat16 *, int64_t, int64_t) {}
 #endif
 
 INTERLEAVED(q4_0, Q4_0, 32)

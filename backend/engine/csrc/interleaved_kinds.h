@@ -34,9 +34,10 @@ struct Call {
     const BFloat16 *x;  // [rows, k]
     const uint8_t *w;   // interleaved
     const BFloat16 *bias;
-    BFloat16 *y;
+    void *y;            // BFloat16, or float holding bf16 values (float_out)
     const float *sums;  // [rows, blocks]: each block's sum of x, fp32 (Q4_1's m term)
     int64_t rows, n, k, ldy;
+    bool float_out;
     const Groups *groups;  // packed kinds: scales, zeros, perm (GGUF: null)
     int64_t head, group_bytes, group_blocks;  // a panel-block's header and size in bytes; blocks a group
 };

@@ -6,6 +6,7 @@
 // fresh output tensors): a step's 250 calls cost one ctypes call.
 // Pointers travel as int64 slots and are passed back as void * to the kernel's exact signature.
 #include <cstdint>
+#include <cstring>
 
 namespace {
 
@@ -19,7 +20,8 @@ enum Signature : int64_t {
                          //  slots, k_scale, v_scale, limit)
     DECODE_ATTENTION = 6,  // (q, k_cache, v_cache, tables, lens, out, rows, heads, kv_heads, dim, blocks,
                            //  block_size, max_blocks, q_stride, scale, v_scale)
-    INTERLEAVED = 7,     // (x, w, bias, y, rows, n, k, ldy, groups): interleaved_gemm_*
+    INTERLEAVED = 7,     // (x, w, bias, y, rows, n, k, ldy, groups, float_out): interleaved_gemm_*
+    EMBEDDING = 8,       // (ids, table, out, rows, k or row bytes): interleaved_embedding_q8_0, embedding_rows
 };
 
 constexpr int MAX_INTS = 14;
@@ -52,8 +54,11 @@ void run(const Op &op) {
                                                                            a[4], a[5], a[6], a[7], a[8]);
             break;
         case INTERLEAVED:
-            reinterpret_cast<void (*)(P, P, P, P, I, I, I, I, P)>(op.function)(p(a, 0), p(a, 1), p(a, 2), p(a, 3),
-                                                                           a[4], a[5], a[6], a[7], p(a, 8));
+            reinterpret_cast<void (*)(P, P, P, P, I, I, I, I, P, I)>(op.function)(
+                p(a, 0), p(a, 1), p(a, 2), p(a, 3), a[4], a[5], a[6], a[7], p(a, 8), a[9]);
+            break;
+        case EMBEDDING:
+            reinterpret_cast<void (*)(P, P, P, I, I)>(op.function)(p(a, 0), p(a, 1), p(a, 2), a[3], a[4]);
             break;
         case RMS_NORM:
             reinterpret_cast<void (*)(P, P, P, I, I, F)>(op.function)(p(a, 0), p(a, 1), p(a, 2), a[3], a[4], f[0]);
@@ -81,6 +86,11 @@ void run(const Op &op) {
 }  // namespace
 
 extern "C" int64_t step_graph_op_size() { return sizeof(Op); }
+
+// out [rows] = table [ids[t]], rows of row_bytes each: a dense embedding's lookup in a captured step
+extern "C" void embedding_rows(const int64_t *ids, const char *table, char *out, int64_t rows, int64_t row_bytes) {
+    for (int64_t t = 0; t < rows; t++) std::memcpy(out + t * row_bytes, table + ids[t] * row_bytes, size_t(row_bytes));
+}
 
 // ops[0 .. num_ops) in order, each with its rows slot set to rows (the array is left as it was)
 extern "C" void run_step_graph(const Op *ops, int64_t num_ops, int64_t rows) {

@@ -311,6 +311,8 @@ class LlamaForCausalLM(nn.Module):
                 module.use_kernel = use_kernels
             if isinstance(module, MLP) and isinstance(module.gate_up_proj, Linear):
                 module.fused_silu_and_mul = module.gate_up_proj.fused_silu_and_mul
+        if isinstance(self.lm_head, QuantizedLinear):  # interleaved: fp32 logits from the kernel, as Linear's
+            self.lm_head.float_output = use_kernels and self.lm_head.all_interleaved
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy a transformers-named state dict in, fusing q/k/v and gate/up."""

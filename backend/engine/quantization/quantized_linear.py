@@ -102,6 +102,7 @@ def interleaves(device: torch.device, dtype: torch.dtype) -> bool:
 
 class QuantizedLinear(nn.Module):
     use_kernel = False  # set by LlamaForCausalLM.prepare_weights when cpu_kernels serve this model
+    float_output = False  # an interleaved lm_head: the kernel writes the logits' fp32 copy (llama.Linear's)
 
     def __init__(self, parts: list[Part], bias: bool, scratch: Scratch, dtype: torch.dtype) -> None:
         super().__init__()
@@ -132,7 +133,8 @@ class QuantizedLinear(nn.Module):
         rows = x.shape[0]
         if self.use_kernel and self.all_interleaved and x.is_contiguous():
             if len(self.parts) == 1:  # the decode hot path: one call, nothing sliced
-                out = x.new_empty(rows, self.out_features)
+                dtype = torch.float32 if self.float_output else x.dtype
+                out = x.new_empty(rows, self.out_features, dtype=dtype)
                 cpu_kernels.interleaved_gemm(x, self.parts[0], self.bias, out)
                 return out
             return self.fused(x, cpu_kernels.quant_gemm)
@@ -211,6 +213,14 @@ class QuantizedEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
         weight = self.weight_q
+        if (
+            isinstance(weight, Interleaved)
+            and weight.qtype == "q8_0"
+            and self.use_kernel
+            and self.dtype == torch.bfloat16
+        ):
+            out = torch.empty(input_ids.shape[0], weight.shape[1], dtype=self.dtype, device=input_ids.device)
+            return cpu_kernels.interleaved_embedding_q8_0(input_ids.contiguous(), weight, out)  # one call
         if isinstance(weight, Interleaved):
             rows = weight.gather(input_ids)
         else:
