@@ -424,13 +424,13 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """logits.argmax(-1) for logits [rows, n] (contiguous): the first largest, or the first NaN, per row."""
-    out = torch.empty(logits.shape[0], dtype=torch.int64)
-    getattr(load_library(), f"argmax_{SUFFIX[logits.dtype]}")(
-        logits.data_ptr(), out.data_ptr(), logits.shape[0], logits.shape[1]
-    )
-    return out
+def argmax(logits: torch.Tensor) -> list[int]:
+    """logits.argmax(-1).tolist() for logits [rows, n] (contiguous): the first largest, or the first NaN,
+    per row. No torch call (the sampler's every step: each costs tens of microseconds on cold caches)."""
+    rows, n = logits.shape
+    out = (ctypes.c_int64 * rows)()
+    getattr(load_library(), f"argmax_{SUFFIX[logits.dtype]}")(logits.data_ptr(), out, rows, n)
+    return list(out)
 
 
 def linear_bf16_small(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -59,7 +59,7 @@ class Sampler:
         the time to read them)."""
         on_cpu = logits.device.type == "cpu" and logits.dtype == torch.float32
         if self.use_kernel and on_cpu and logits.dim() == 2 and logits.is_contiguous():
-            return cpu_kernels.argmax(logits).tolist()
+            return cpu_kernels.argmax(logits)
         return logits.argmax(-1).tolist()
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], torch.Tensor | None]:
