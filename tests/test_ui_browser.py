@@ -91,6 +91,14 @@ def test_plan_llama_8b_on_h100(page):
     assert f"{expected['max_concurrency']:,} requests" in kpis
     page.wait_for_selector("#plan-memory .js-plotly-plot")
     assert page.locator("ul[role=listbox]:visible").count() == 0  # no dropdown list left over the form
+    gpus = page.locator("#plan-num-gpus input")  # out of range: the handler's message names the field
+    gpus.fill("0")
+    gpus.press("Enter")
+    page.wait_for_selector("#plan-message:has-text('number of GPUs must be a whole number >= 1, got 0')")
+    assert page.locator(".toast-body").count() == 0  # not Gradio's "Value 0 is less than minimum value 1."
+    gpus.fill("1")
+    gpus.press("Enter")
+    page.wait_for_selector("#plan-message:not(:has-text('number of GPUs'))")
     shot(page, "plan")
 
 

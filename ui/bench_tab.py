@@ -19,6 +19,7 @@ from ui.common import (
     required_int,
     tok_s,
 )
+from ui.inputs import form_number
 
 EMBEDDED = "Embedded engine (this server's /v1)"
 EXTERNAL = "External engine started in the Launch tab (vLLM, ...)"
@@ -185,15 +186,15 @@ def build(ctx: AppContext, plan_state: gr.State) -> None:
             )
             form["model"] = gr.Textbox("", label="Model name (empty = the embedded engine's)")
             with gr.Row():
-                form["num_prompts"] = gr.Number(
+                form["num_prompts"] = form_number(
                     16, label="Requests", precision=0, minimum=1, elem_id="bench-requests"
                 )
-                form["concurrency"] = gr.Number(4, label="Max concurrency", precision=0, minimum=1)
+                form["concurrency"] = form_number(4, label="Max concurrency", precision=0, minimum=1)
             with gr.Row():
-                form["input_len"] = gr.Number(
+                form["input_len"] = form_number(
                     128, label="Input tokens", precision=0, minimum=1, elem_id="bench-input"
                 )
-                form["output_len"] = gr.Number(
+                form["output_len"] = form_number(
                     32, label="Output tokens", precision=0, minimum=1, elem_id="bench-output"
                 )
             start = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")

@@ -23,9 +23,11 @@ from ui.common import (
     ms,
     optional_int,
     percent,
+    required_float,
     required_int,
     tok_s,
 )
+from ui.inputs import form_number, form_slider
 
 DEFAULT_SYSTEM = "You are a helpful assistant. Answer briefly."
 STATS_MARK = (
@@ -40,9 +42,9 @@ def sampling_params(form: dict[str, Any]) -> SamplingParams:
 
     stops = [s for s in (form["stop"] or "").split("\n") if s]
     return SamplingParams(
-        temperature=float(form["temperature"]),
-        top_p=float(form["top_p"]),
-        top_k=int(form["top_k"]),
+        temperature=required_float(form["temperature"], "temperature", note=" >= 0"),
+        top_p=required_float(form["top_p"], "top_p", note=" in (0, 1]"),
+        top_k=required_int(form["top_k"], "top_k", minimum=-1),
         max_tokens=required_int(form["max_tokens"], "max tokens"),
         seed=optional_int(form["seed"], "seed", minimum=0, auto=-1),
         stop=stops or None,
@@ -246,16 +248,16 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.Timer:
             form["use_schema"], form["schema"] = structured_panel.build(ctx)
             with gr.Accordion("Sampling", open=False):
                 with gr.Row():
-                    form["temperature"] = gr.Slider(
+                    form["temperature"] = form_slider(
                         0, 2, value=0, step=0.05, label="temperature (0 = greedy)"
                     )
-                    form["top_p"] = gr.Slider(0.01, 1, value=1, step=0.01, label="top_p")
-                    form["top_k"] = gr.Number(-1, label="top_k (-1 = off)", precision=0, minimum=-1)
+                    form["top_p"] = form_slider(0.01, 1, value=1, step=0.01, label="top_p")
+                    form["top_k"] = form_number(-1, label="top_k (-1 = off)", precision=0, minimum=-1)
                 with gr.Row():
-                    form["max_tokens"] = gr.Number(
+                    form["max_tokens"] = form_number(
                         256, label="max tokens", precision=0, minimum=1, elem_id="chat-max-tokens"
                     )
-                    form["seed"] = gr.Number(-1, label="seed (-1 = random)", precision=0, minimum=-1)
+                    form["seed"] = form_number(-1, label="seed (-1 = random)", precision=0, minimum=-1)
                     form["stop"] = gr.Textbox("", label="stop strings (one per line)", lines=1)
         with gr.Column(scale=6):
             now = gr.HTML(live_now_html(None), elem_id="live-now-box")

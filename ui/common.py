@@ -126,6 +126,21 @@ def required_int(value: float | str | None, name: str, minimum: int = 1) -> int:
     return int(number)
 
 
+def required_float(
+    value: float | str | None, name: str, minimum: float | None = None, note: str = ""
+) -> float:
+    """A form number that may have decimals, at least minimum when given; ValueError naming the field (an
+    empty box sends None). note says what a special value means, e.g. " (0 = no target)"."""
+    allowed = "a number" if minimum is None else f"a number >= {minimum:g}"
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be {allowed}{note}, got {value!r}") from None
+    if math.isnan(number) or (minimum is not None and number < minimum):
+        raise ValueError(f"{name} must be {allowed}{note}, got {number:g}")
+    return number
+
+
 def gib(nbytes: float | None) -> str:
     return "–" if nbytes is None else f"{nbytes / GIB:,.2f} GiB"
 

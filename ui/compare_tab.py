@@ -11,6 +11,7 @@ import gradio as gr
 
 from backend.bench.datasets import DATASETS
 from ui.common import AppContext, describe, error_message, form_values, ok_message, required_int
+from ui.inputs import form_number
 
 EMBEDDED = "embedded"
 EXTERNAL = ("vllm", "sglang", "llamacpp")
@@ -117,14 +118,14 @@ def build(ctx: AppContext) -> None:
             form["url"] = gr.Textbox("", label="Another server (OpenAI URL, optional)")
             form["dataset"] = gr.Dropdown(list(DATASETS), value="chat", label="Dataset")
             with gr.Row():
-                form["num_prompts"] = gr.Number(
+                form["num_prompts"] = form_number(
                     16, label="Requests", precision=0, minimum=1, elem_id="compare-requests"
                 )
-                form["concurrency"] = gr.Number(4, label="Max concurrency", precision=0, minimum=1)
+                form["concurrency"] = form_number(4, label="Max concurrency", precision=0, minimum=1)
             with gr.Row():
-                form["input_len"] = gr.Number(256, label="Input tokens", precision=0, minimum=1)
-                form["output_len"] = gr.Number(64, label="Output tokens", precision=0, minimum=1)
-                form["seed"] = gr.Number(0, label="Seed", precision=0, minimum=0)
+                form["input_len"] = form_number(256, label="Input tokens", precision=0, minimum=1)
+                form["output_len"] = form_number(64, label="Output tokens", precision=0, minimum=1)
+                form["seed"] = form_number(0, label="Seed", precision=0, minimum=0)
             start = gr.Button("Compare", variant="primary", elem_id="compare-run")
             message = gr.HTML(elem_id="compare-message")
             files = gr.File(label="Report (JSON, standalone HTML)", file_count="multiple")

@@ -11,6 +11,7 @@ import gradio as gr
 
 from backend.export.base import Skipped
 from ui.common import AppContext, describe, error_message, form_values, message, ok_message, required_int
+from ui.inputs import form_number
 
 LANGUAGES = {
     ".sh": "shell",
@@ -126,7 +127,7 @@ def build(ctx: AppContext, plan_state: gr.State) -> None:
             )
             with gr.Row():
                 form["host"] = gr.Textbox("127.0.0.1", label="Bind address (containers use 0.0.0.0 inside)")
-                form["port"] = gr.Number(8000, label="Port", precision=0, minimum=1, maximum=65535)
+                form["port"] = form_number(8000, label="Port", precision=0, minimum=1, maximum=65535)
             with gr.Row():
                 form["served"] = gr.Textbox("", label="served_model_name (empty = model id)")
                 form["api_key"] = gr.Textbox("", label="API key env var (e.g. VLLM_API_KEY; empty = no key)")

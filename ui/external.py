@@ -12,6 +12,7 @@ import gradio as gr
 from backend.export.supervisor import ExternalServers, availability
 from backend.planner.request import PlanRequest
 from ui.common import describe, error_message, gib, message, ok_message, optional_int
+from ui.inputs import form_number
 
 LOG_LINES = 80
 
@@ -113,7 +114,7 @@ def build(servers: ExternalServers, plan_state: Any) -> None:
             interactive=bool(ready),
             elem_id="external-engine",
         )
-        port = gr.Number(0, label="Port (0 = a free one)", precision=0, minimum=0, interactive=bool(ready))
+        port = form_number(0, label="Port (0 = a free one)", precision=0, minimum=0, interactive=bool(ready))
         source = gr.Radio([DEFAULT_MODEL, PLAN], value=DEFAULT_MODEL, label="Model and settings")
     with gr.Row():
         start_button = gr.Button(

@@ -30,6 +30,7 @@ from ui.common import (
     required_int,
 )
 from ui.common import form_values as form_values_of
+from ui.inputs import form_number
 
 MIB = 1024**2
 DEFAULT_KV_MIB = 256  # small on purpose: a few concurrent chats already show on the KV-cache chart
@@ -84,7 +85,7 @@ def engine_input(f: Field, visible: bool = True) -> gr.components.Component:
     if cli_types()[f.name] is str:
         return gr.Textbox(value or "", label=label, info=info, placeholder="unset")
     minimum = 0 if f.default is None else f.metadata["minimum"]
-    return gr.Number(value, label=label, info=info, precision=0, minimum=minimum)
+    return form_number(value, label=label, info=info, precision=0, minimum=minimum)
 
 
 def form_values(config: EngineConfig) -> dict[str, Any]:

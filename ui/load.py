@@ -13,6 +13,7 @@ from typing import Any
 import gradio as gr
 
 from ui.common import AppContext, describe, error_message, message, ok_message, required_int
+from ui.inputs import form_number
 
 MAX_LOAD_REQUESTS = 256
 SHARED_SYSTEM = (
@@ -106,8 +107,8 @@ async def fire_load(ctx: AppContext, num_requests: Any, max_tokens: Any) -> Asyn
 
 def build(ctx: AppContext) -> None:
     with gr.Row():
-        n = gr.Number(32, label="Concurrent requests", precision=0, minimum=1, elem_id="load-n", scale=1)
-        tokens = gr.Number(
+        n = form_number(32, label="Concurrent requests", precision=0, minimum=1, elem_id="load-n", scale=1)
+        tokens = form_number(
             128, label="Max tokens each", precision=0, minimum=1, elem_id="load-tokens", scale=1
         )
         fire = gr.Button("Fire load", elem_id="load-fire", scale=1)

@@ -21,10 +21,12 @@ from ui.common import (
     message,
     ms,
     optional_int,
+    required_float,
     required_int,
     tok_s,
     usd_per_m,
 )
+from ui.inputs import form_number, form_slider
 
 DEFAULT_PRESET = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -47,7 +49,7 @@ def plan_request(form: dict[str, Any]) -> PlanRequest:
         input_len=required_int(form["input_len"], "input length (tokens)"),
         output_len=required_int(form["output_len"], "output length (tokens)"),
         concurrency=required_int(form["concurrency"], "concurrency"),
-        gpu_memory_utilization=float(form["util"]),
+        gpu_memory_utilization=required_float(form["util"], "gpu_memory_utilization", note=" in (0, 1]"),
         engine=form["engine"],
     )
 
@@ -100,7 +102,8 @@ def estimate_plan(form: dict[str, Any], ctx: AppContext | None = None) -> tuple:
         req = plan_request(form)
         est = estimate(req).to_dict()
         rows = [e.to_dict() for e in compare_gpus(req)]
-        best = recommend(req, ttft_s=_seconds(form["ttft"]), tpot_s=_seconds(form["tpot"]))
+        targets = _seconds(form["ttft"], "target TTFT (ms)"), _seconds(form["tpot"], "target TPOT (ms)")
+        best = recommend(req, ttft_s=targets[0], tpot_s=targets[1])
     # every planner error (unknown model or GPU, lengths beyond the model's limit) becomes the message
     except Exception as exc:
         return (*(gr.skip(),) * 5, error_message(describe(exc)), gr.skip())
@@ -128,8 +131,10 @@ def recommendation_text(best: Any) -> str:
     )
 
 
-def _seconds(milliseconds: float | None) -> float | None:
-    return None if milliseconds in (None, 0) else float(milliseconds) / 1000
+def _seconds(milliseconds: float | None, name: str) -> float | None:
+    """A latency target from the form (ms) in seconds; 0 means no target."""
+    value = required_float(milliseconds, name, minimum=0, note=" (0 = no target)")
+    return None if value == 0 else value / 1000
 
 
 def hub_status() -> tuple:
@@ -237,22 +242,24 @@ def build(ctx: AppContext, demo: gr.Blocks) -> PlanPanel:
                     elem_id="plan-gpu",
                     scale=2,
                 )
-                form["num_gpus"] = gr.Number(1, label="GPUs", precision=0, minimum=1)
-                form["tp"] = gr.Number(0, label="Tensor parallel (0 = all GPUs)", precision=0, minimum=0)
-                form["pp"] = gr.Number(1, label="Pipeline parallel", precision=0, minimum=1)
+                form["num_gpus"] = form_number(
+                    1, label="GPUs", precision=0, minimum=1, elem_id="plan-num-gpus"
+                )
+                form["tp"] = form_number(0, label="Tensor parallel (0 = all GPUs)", precision=0, minimum=0)
+                form["pp"] = form_number(1, label="Pipeline parallel", precision=0, minimum=1)
             with gr.Row():
-                form["max_len"] = gr.Number(
+                form["max_len"] = form_number(
                     0, label="max_model_len (0 = model limit)", precision=0, minimum=0
                 )
-                form["input_len"] = gr.Number(1024, label="Input tokens / request", precision=0, minimum=1)
-                form["output_len"] = gr.Number(256, label="Output tokens / request", precision=0, minimum=1)
-                form["concurrency"] = gr.Number(16, label="Concurrent requests", precision=0, minimum=1)
+                form["input_len"] = form_number(1024, label="Input tokens / request", precision=0, minimum=1)
+                form["output_len"] = form_number(256, label="Output tokens / request", precision=0, minimum=1)
+                form["concurrency"] = form_number(16, label="Concurrent requests", precision=0, minimum=1)
             with gr.Row():
-                form["util"] = gr.Slider(0.5, 1.0, value=0.92, step=0.01, label="gpu_memory_utilization")
+                form["util"] = form_slider(0.5, 1.0, value=0.92, step=0.01, label="gpu_memory_utilization")
                 form["engine"] = gr.Dropdown(list(ENGINES), value="vllm", label="Serving engine")
             with gr.Row():
-                form["ttft"] = gr.Number(0, label="Target TTFT (ms, 0 = none)", minimum=0)
-                form["tpot"] = gr.Number(0, label="Target time per output token (ms, 0 = none)", minimum=0)
+                form["ttft"] = form_number(0, label="Target TTFT (ms, 0 = none)", minimum=0)
+                form["tpot"] = form_number(0, label="Target time per output token (ms, 0 = none)", minimum=0)
             message_box = gr.HTML(elem_id="plan-message")
             with gr.Row():
                 launch_here = gr.Button(
