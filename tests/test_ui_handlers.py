@@ -4,19 +4,23 @@ exception), good input as real results. The engine is a real one on a tiny rando
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import html
 import re
 import threading
 import time
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
+import gradio as gr
 import plotly.graph_objects as go
 import pytest
 
 from backend.engine.config import EngineConfig
 from backend.engine.load_phases import LoadPhases
 from backend.export.supervisor import ExternalServers
+from backend.model_names import display_name
 from backend.server.engine_holder import EngineHolder, build_engine
 from tests.common_utils import free_port
 from tests.engine_utils import tiny_model
@@ -150,6 +154,33 @@ def test_failed_load_shows_the_error_and_relaunch_works(tiny):
     assert "msg-ok" in message and "data-state='ready'" in status
     message, status = launch_tab.stop_engine(holder)
     assert "msg-ok" in message and holder.get() is None and "data-state='stopped'" in status
+
+
+def test_the_progress_label_follows_every_load_phase_gradio_queue_recorded(tiny):
+    """The real gr.Progress, which finds its event through Gradio's context variables, in a handler's
+    context; only the queue that would send the label to the browser records instead. The phases after the
+    first begin on the engine's loading thread: each one still reaches the label, in order."""
+    from gradio.context import LocalContext
+
+    labels: list[str] = []
+
+    class RecordingQueue:  # Blocks._queue: what the browser's progress label would show
+        def set_progress(self, event_id: str, iterables: list) -> None:
+            labels.append(iterables[-1].desc)
+
+    def handler() -> tuple[str, str]:
+        LocalContext.blocks.set(SimpleNamespace(_queue=RecordingQueue()))
+        LocalContext.event_id.set("launch-event")
+        return launch_tab.launch_engine(holder, {**LAUNCH_FORM, "model": tiny}, progress=gr.Progress())
+
+    holder = EngineHolder()
+    message, _ = contextvars.copy_context().run(handler)  # the test's own context stays clean
+    assert "msg-ok" in message, message
+    phases = [p.name for p in holder.status().phases]
+    assert len(phases) >= 4 and phases[-1] == "allocate KV cache", phases
+    name = display_name(tiny)
+    assert labels == [f"{name}: {phase} …" for phase in phases]
+    holder.shutdown()
 
 
 def test_second_launch_while_loading_is_refused_with_a_message_slow_factory(tiny):

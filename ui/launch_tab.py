@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import html
 from collections.abc import Callable
@@ -197,10 +198,14 @@ def launch_engine(
     except ValueError as exc:
         return error_message(describe(exc)), status_html(holder)
     name = display_name(config.model)
+    # gr.Progress finds its event through context variables, and every phase after the first begins on the
+    # engine's own loading thread: run the update in this handler's context, or the label would stay on the
+    # first phase for the whole load
+    handler_context = contextvars.copy_context()
 
     def on_phase(phase: str, fraction: float) -> None:
         if progress is not None:
-            progress(fraction, desc=f"{name}: {phase} …")
+            handler_context.run(progress, fraction, desc=f"{name}: {phase} …")
 
     try:
         status = holder.launch(config, on_phase=on_phase)
