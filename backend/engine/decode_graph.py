@@ -205,6 +205,13 @@ class DecodeGraph:
         cpu_kernels.run_step_graph(self.ops, rows)
         return self.logits[:rows].float()
 
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes of the persistent buffers the captured calls read and write (every tensor this graph
+        allocated; vLLM logs its CUDA graphs' memory): stats() and the startup log report it."""
+        values = [v for value in vars(self).values() for v in (value if isinstance(value, tuple) else (value,))]
+        return sum(v.nbytes for v in values if isinstance(v, torch.Tensor))
+
 
 def copy_rows(values: array.array, buffer: torch.Tensor, count: int, width: int) -> None:
     """values (count rows of width int64s) into the first width columns of buffer's first count rows, by

@@ -1,4 +1,8 @@
-"""How many KV blocks the pool gets and the context length it supports (vLLM's kv_cache_utils)."""
+"""How many KV blocks the pool gets and the context length it supports (vLLM's kv_cache_utils).
+
+The default budget (a share of free memory) gives up the captured decode step's buffers first, as vLLM's
+profiler takes its CUDA graphs' memory off the KV cache: the graph is allocated after the pool (it holds
+the pool's addresses), so its bytes are counted from the model's widths (decode_graph_memory.py)."""
 
 from __future__ import annotations
 
@@ -6,10 +10,31 @@ from typing import Any
 
 import torch
 
+from backend.engine import cpu_kernels
 from backend.engine.config import EngineConfig
+from backend.engine.decode_graph import unsupported_reason
+from backend.engine.decode_graph_memory import DecodeGraphShape, decode_graph_bytes
 from backend.engine.device import kv_cache_budget_bytes
 from backend.engine.model_runner import ModelRunner
 from backend.engine.models.llama import LlamaForCausalLM
+
+
+def decode_graph_shape(model: LlamaForCausalLM, config: EngineConfig) -> DecodeGraphShape | None:
+    """The widths of the decode graph the engine will capture (None: enforce_eager, or a model that
+    cannot be captured: decode_graph.unsupported_reason)."""
+    weight = model.norm.weight
+    if config.enforce_eager or unsupported_reason(model, cpu_kernels.supports(weight.device, weight.dtype)):
+        return None
+    args = model.args
+    return DecodeGraphShape(
+        args.hidden_size,
+        args.intermediate_size,
+        args.num_heads,
+        args.num_kv_heads,
+        args.head_dim,
+        args.vocab_size,
+        weight.element_size(),
+    )
 
 
 def size_kv_pool(
@@ -32,8 +57,10 @@ def size_kv_pool(
     elif config.kv_cache_memory_bytes is not None:
         num_blocks = config.kv_cache_memory_bytes // per_block
     else:
+        graph = decode_graph_shape(model, config)
+        graph_bytes = decode_graph_bytes(graph, config.max_num_seqs, max_len, bs) if graph else 0
         enough = config.max_num_seqs * -(-max_len // bs)
-        num_blocks = min(enough, kv_cache_budget_bytes(device) // per_block)
+        num_blocks = min(enough, (kv_cache_budget_bytes(device) - graph_bytes) // per_block)
     if num_blocks < 1:
         raise ValueError(f"the KV pool must hold at least one block of {per_block} bytes")
     if num_blocks * bs < max_len:

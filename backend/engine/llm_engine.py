@@ -77,9 +77,15 @@ class LLMEngine:
         if config.enforce_eager:
             log.info("decode steps run the model's modules (enforce_eager)")
             return
+        start = time.perf_counter()
         reason = self.runner.capture_decode_graph(config.max_num_seqs, self.max_model_len)
-        if reason is None:
-            log.info("decode-only steps replay captured native kernel calls (enforce_eager=True to turn off)")
+        if self.runner.decode_graph is not None:
+            log.info(
+                "Graph capturing finished in %.2f secs, took %.2f MiB: decode-only steps replay captured "
+                "native kernel calls (enforce_eager=True to turn off)",
+                time.perf_counter() - start,
+                self.runner.decode_graph.buffer_bytes / 2**20,
+            )
         else:
             log.info("decode steps run the model's modules: %s", reason)
 

@@ -83,6 +83,7 @@ class EngineStats:
     quantization: str | None  # what runs quantized, e.g. "gguf Q4_1 (210 tensors)"; None: dense
     weights_bytes: int
     kv_pool_bytes: int
+    decode_graph_bytes: int  # the captured decode step's buffers (vLLM: CUDA graph memory); 0 when eager
     rss_bytes: int
     max_model_len: int
     max_num_seqs: int
@@ -136,6 +137,7 @@ def engine_stats(engine: StatsSource) -> EngineStats:
         quantization=engine.quantization,
         weights_bytes=engine.weights_bytes,
         kv_pool_bytes=engine.runner.kv_pool_bytes,
+        decode_graph_bytes=graph.buffer_bytes if (graph := engine.runner.decode_graph) is not None else 0,
         rss_bytes=psutil.Process(os.getpid()).memory_info().rss,
         max_model_len=engine.max_model_len,
         max_num_seqs=cfg.max_num_seqs,

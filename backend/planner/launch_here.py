@@ -83,7 +83,7 @@ def memory_needed(plan: PlanRequest, model: str, machine: LocalHardware) -> tupl
     est = estimate(local)
     one_sequence = int(est.kv_bytes_per_token * (plan.max_model_len or plan.input_len + plan.output_len))
     kv = max(MIN_KV_BYTES, one_sequence)
-    needed = int(est.weights_bytes + est.activation_bytes + est.overhead_bytes + kv)
+    needed = int(est.weights_bytes + est.activation_bytes + est.overhead_bytes + est.cuda_graph_bytes + kv)
     return needed, gpu.memory_free_bytes if gpu else machine.ram_available_bytes, kv
 
 
@@ -93,12 +93,15 @@ def running_engine_request(
     quantized: bool,
     kv_cache_dtype: str = "auto",
     max_model_len: int | None = None,
+    max_num_seqs: int | None = None,
+    enforce_eager: bool = False,
     **workload: Any,
 ) -> PlanRequest:
     """The plan of the embedded engine as it runs here (from its config and stats): quant "auto" when it
     computes from the checkpoint as stored, else the dtype it holds the weights in; its max_model_len, with
-    a workload inside it unless one is given. The one place the Launch card, the Benchmark tab and the
-    Compare tab get the planner's view of the running engine."""
+    a workload inside it unless one is given; its max_num_seqs, and enforce_eager when it captured no decode
+    step (stats' decode_graph_bytes 0), which size the captured step's buffers. The one place the Launch
+    card, the Benchmark tab and the Compare tab get the planner's view of the running engine."""
     names = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
     quant = "auto" if quantized else names.get(dtype.removeprefix("torch."), "fp32")
     kv = kv_cache_dtype if kv_cache_dtype in KV_CACHE_DTYPES else "auto"
@@ -112,6 +115,8 @@ def running_engine_request(
         quant=quant,
         kv_cache_dtype=kv,
         max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        enforce_eager=enforce_eager,
         **workload,
     )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from backend.engine.decode_graph_memory import DecodeGraphShape, decode_graph_bytes
 from backend.engines import CONTEXT_ENGINES, GRAPH_ENGINES
 from backend.planner import memory
 from backend.planner.catalog import GIB, GPU, KVCacheDtype, Quantization
@@ -23,6 +24,7 @@ from backend.planner.vllm_rules import SchedulerLimits, non_torch_bytes
 EMBEDDED_AS_STORED: tuple[str, ...] = ("gguf-q4_0", "gguf-q4_1", "gguf-q8_0", "gguf-q4_k_s", "gguf-q4_k_m")
 EMBEDDED_AS_STORED += ("gguf-q6_k", "gptq-int4-g128", "gptq-int4-g32", "gptq-int8-g128", "awq-int4")
 LLAMA_UBATCH_LOGITS = memory.LLAMACPP_UBATCH * 4  # llama.cpp computes fp32 logits for a whole micro-batch
+QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")  # no captured q/k norm (decode_graph.unsupported_reason)
 
 
 @dataclass(slots=True, frozen=True)
@@ -104,7 +106,11 @@ def _base_plan(req: PlanRequest, spec: ModelSpec, lay: Layout) -> MemoryPlan:
             if req.engine == "vllm"
             else memory.non_torch_bytes(tp * pp)
         ),
-        cuda_graphs=memory.cuda_graph_bytes(spec, pp) if req.engine in GRAPH_ENGINES and on_gpu else 0,
+        cuda_graphs=(
+            memory.cuda_graph_bytes(spec, pp)
+            if req.engine in GRAPH_ENGINES and on_gpu and not req.enforce_eager
+            else 0
+        ),
         kv_cache=0,
         max_model_len=max_len,
     )
@@ -160,22 +166,47 @@ def _other_budget(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPl
     plan.kv_cache = max(int(budget // per_block * per_block), 0)
 
 
+def _decode_graph_shape(req: PlanRequest, spec: ModelSpec, lay: Layout) -> DecodeGraphShape | None:
+    """The captured decode step's widths (None: not captured): on a CPU, unless enforce_eager, with bf16
+    compute (weights dequantized to bf16 or run as stored), as the engine captures where its native kernels
+    serve every projection (backend/engine/decode_graph.py; a running engine's plan says enforce_eager when
+    it did not capture: launch_here.running_engine_request)."""
+    uncaptured = lay.quant.name in ("fp32", "fp16") or spec.model_type in QK_NORM_MODEL_TYPES
+    if lay.gpu.name != "CPU" or req.enforce_eager or uncaptured:
+        return None
+    return DecodeGraphShape(
+        spec.hidden_size,
+        spec.intermediate_size,
+        spec.num_attention_heads,
+        spec.num_key_value_heads,
+        spec.head_dim,
+        spec.vocab_size,
+        2,  # bf16: the dtype of an engine that captures
+    )
+
+
 def _embedded(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> None:
-    """The embedded engine keeps every layer's full context (no window savings)."""
+    """The embedded engine keeps every layer's full context (no window savings). Its default budget gives
+    up the captured decode step's buffers first (backend/engine/kv_cache_utils.py), as vLLM's profiler
+    takes its CUDA graphs' memory off the KV cache."""
     tokens = min(lay.limits.max_num_batched_tokens, 512)
-    plan.activation = memory.activation_bytes(spec, tokens, lay.tp, lay.limits.max_num_seqs)
+    max_num_seqs = lay.limits.max_num_seqs
+    plan.activation = memory.activation_bytes(spec, tokens, lay.tp, max_num_seqs)
     on_cpu = lay.gpu.name == "CPU"
     budget = memory.kv_budget_bytes(
         "embedded", lay.gpu.usable_bytes, 1.0, plan.weights, plan.activation, plan.overhead, on_cpu
     )
     bs, max_len = req.block_size, lay.max_model_len
+    graph = _decode_graph_shape(req, spec, lay)
+    budget -= decode_graph_bytes(graph, max_num_seqs, max_len, bs) if graph else 0
     per_block = plan.kv_bytes_per_token * bs
-    num_blocks = min(lay.limits.max_num_seqs * math.ceil(max_len / bs), int(budget // per_block))
+    num_blocks = min(max_num_seqs * math.ceil(max_len / bs), int(budget // per_block))
     plan.kv_cache = int(num_blocks * per_block)
     plan.kv_bytes_per_sequence = int(math.ceil((req.input_len + req.output_len) / bs) * per_block)
     plan.max_sequence_bytes = int(math.ceil(max_len / bs) * per_block)
     if req.max_model_len is None and num_blocks * bs < max_len:
         plan.max_model_len, plan.max_sequence_bytes = num_blocks * bs, int(num_blocks * per_block)
+    plan.cuda_graphs = decode_graph_bytes(graph, max_num_seqs, plan.max_model_len, bs) if graph else 0
 
 
 def _context_engine(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> None:

@@ -45,6 +45,7 @@ class PlanRequest:
     max_num_batched_tokens: int | None = None  # None = the engine's default
     block_size: int = 16
     enable_prefix_caching: bool = True
+    enforce_eager: bool = False  # vLLM's: no CUDA graphs (the embedded engine: no captured decode step)
     vllm_version: str | None = None  # None = the version the export targets (vllm_rules.VLLM_TARGET_VERSION)
     usage_context: UsageContext = "openai_api_server"
 
