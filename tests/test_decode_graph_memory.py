@@ -120,12 +120,10 @@ def test_default_kv_budget_gives_up_the_graph_bytes(models, monkeypatch, enforce
 def test_planner_kv_budget_gives_up_the_graph_bytes():
     """The planner's CPU budget for the embedded engine: the captured step's bytes come off the KV cache;
     enforce_eager keeps them (max_num_seqs 256 x 8192 tokens: the budget sizes the pool)."""
-    plans = {
-        eager: estimate(
-            PlanRequest(str(packaged_gguf()), gpu="CPU", engine="embedded", max_num_seqs=256, enforce_eager=eager)
-        )
-        for eager in (False, True)
-    }
+    model = str(packaged_gguf())
+    requests = {eager: PlanRequest(model, gpu="CPU", engine="embedded", max_num_seqs=256, enforce_eager=eager)
+                for eager in (False, True)}  # fmt: skip
+    plans = {eager: estimate(request) for eager, request in requests.items()}
     graph = plans[False].cuda_graph_bytes
     assert plans[True].cuda_graph_bytes == 0 and graph > 48 * MIB  # 256 rows of 49152 fp32 logits: 48 MiB
     per_block = plans[False].kv_bytes_per_token * 16

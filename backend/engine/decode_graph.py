@@ -209,8 +209,9 @@ class DecodeGraph:
     def buffer_bytes(self) -> int:
         """Bytes of the persistent buffers the captured calls read and write (every tensor this graph
         allocated; vLLM logs its CUDA graphs' memory): stats() and the startup log report it."""
-        values = [v for value in vars(self).values() for v in (value if isinstance(value, tuple) else (value,))]
-        return sum(v.nbytes for v in values if isinstance(v, torch.Tensor))
+        values = list(vars(self).values())
+        tensors = [t for value in values for t in (value if isinstance(value, tuple) else [value])]
+        return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
 
 
 def copy_rows(values: array.array, buffer: torch.Tensor, count: int, width: int) -> None:

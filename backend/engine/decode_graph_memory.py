@@ -28,7 +28,9 @@ class DecodeGraphShape:
     element_bytes: int  # the model's dtype: 2 for bf16 / fp16, 4 for fp32
 
 
-def decode_graph_bytes(shape: DecodeGraphShape, max_num_seqs: int, max_model_len: int, block_size: int) -> int:
+def decode_graph_bytes(
+    shape: DecodeGraphShape, max_num_seqs: int, max_model_len: int, block_size: int
+) -> int:
     """Bytes of DecodeGraph's buffers for max_num_seqs rows: step_ints [4, S] and block_tables
     [S, ceil(max_model_len / block_size)] int64; hidden, residuals, normed and out [S, hidden]; qkv
     [S, q + 2 kv]; attention_out [S, q]; gate_up [S, 2 intermediate]; activation [S, intermediate] in the
