@@ -130,3 +130,19 @@ def test_planner_kv_budget_gives_up_the_graph_bytes():
     given_up = plans[True].kv_cache_bytes - plans[False].kv_cache_bytes
     assert graph - per_block < given_up <= graph + per_block
     assert plans[False].total_bytes_per_gpu - plans[True].total_bytes_per_gpu == graph - given_up
+
+
+def test_launch_card_shows_the_graph_beside_the_plan(models):
+    """The Launch tab's ready card: the measured bytes and, in brackets, the planner's (equal)."""
+    from backend.engine.config import EngineConfig
+    from backend.server.engine_holder import EngineState, EngineStatus
+    from ui.launch_tab import mib, ready_card
+
+    config = EngineConfig(model=models["gguf"], device="cpu", max_num_seqs=5, max_model_len=512)
+    stats = LLM(config.model, device="cpu", max_num_seqs=5, max_model_len=512).stats()
+    card = ready_card(EngineStatus(EngineState.READY, config, "", 1.0), stats)
+    if stats.decode_graph_bytes == 0:
+        assert "none (decode steps run the modules)" in card
+    else:
+        figure = mib(stats.decode_graph_bytes)
+        assert f"{figure} ({figure})" in card

@@ -14,7 +14,7 @@ MEMORY_PARTS = (  # (Estimate key, legend label, colour)
     ("weights_bytes", "Weights", "#4f46e5"),
     ("kv_cache_bytes", "KV cache", "#0ea5e9"),
     ("activation_bytes", "Activations", "#f59e0b"),
-    ("cuda_graph_bytes", "CUDA graphs", "#a78bfa"),
+    ("cuda_graph_bytes", "CUDA graphs (CPU: captured decode step)", "#a78bfa"),
     ("overhead_bytes", "Overhead (CUDA context)", "#94a3b8"),
 )
 _LAYOUT = dict(template="plotly_white", margin=dict(l=50, r=20, t=40, b=40), font=dict(size=12))

@@ -104,14 +104,19 @@ def planned_memory(
     as_stored: bool = False,
     kv_cache_dtype: str = "auto",
     max_model_len: int | None = None,
+    max_num_seqs: int | None = None,
+    enforce_eager: bool = False,
 ) -> dict[str, Any]:
-    """The planner's weights and KV-per-token figures for a launched model ({} when it cannot say)."""
+    """The planner's weights, KV-per-token and decode-graph figures for a launched model ({} when it
+    cannot say)."""
     from backend.planner import estimate
     from backend.planner.launch_here import running_engine_request
 
     try:
         return estimate(
-            running_engine_request(model, dtype, as_stored, kv_cache_dtype, max_model_len)
+            running_engine_request(
+                model, dtype, as_stored, kv_cache_dtype, max_model_len, max_num_seqs, enforce_eager
+            )
         ).to_dict()
     except (ValueError, OSError):  # a model the planner cannot read (e.g. the Hub when offline)
         return {}
@@ -119,6 +124,10 @@ def planned_memory(
 
 def kib(nbytes: float | None) -> str:
     return "–" if nbytes is None else f"{nbytes / 1024:,.1f} KiB"
+
+
+def mib(nbytes: float | None) -> str:
+    return "–" if nbytes is None else f"{nbytes / 2**20:,.2f} MiB"
 
 
 def phases_text(phases: tuple[LoadPhase, ...]) -> str:
@@ -150,7 +159,10 @@ def ready_card(status: EngineStatus, stats: EngineStats) -> str:
     assert status.config is not None
     kv_dtype = status.config.kv_cache_dtype
     as_stored = stats.quantization is not None
-    plan = planned_memory(status.config.model, stats.dtype, as_stored, kv_dtype, stats.max_model_len)
+    config, eager = status.config, stats.decode_graph_bytes == 0  # captured nothing: plan without graphs
+    plan = planned_memory(
+        config.model, stats.dtype, as_stored, kv_dtype, stats.max_model_len, config.max_num_seqs, eager
+    )
     kv_tokens = stats.num_kv_blocks_total * stats.block_size
     cells = [
         ("Model", display_name(status.config.model, stats.quantization, stats.dtype)),
@@ -167,6 +179,12 @@ def ready_card(status: EngineStatus, stats: EngineStats) -> str:
         (
             "KV per token (plan)",
             f"{stats.kv_pool_bytes / kv_tokens / 1024:,.1f} KiB ({kib(plan.get('kv_bytes_per_token'))})",
+        ),
+        (
+            "Decode graph (plan)",
+            f"{mib(stats.decode_graph_bytes)} ({mib(plan.get('cuda_graph_bytes'))})"
+            if stats.decode_graph_bytes
+            else "none (decode steps run the modules)",
         ),
         ("Process memory (RSS)", gib(stats.rss_bytes)),
         ("Speculative decoding", speculation_summary(stats)),
