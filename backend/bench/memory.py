@@ -84,10 +84,12 @@ def engine_account(llm) -> dict[str, int]:
     committed = sum(
         m.kb.get("Rss", 0) * 1024 for m in read_smaps() if any(s < m.end and m.start < e for s, e in ranges)
     )
+    graph = runner.decode_graph
     return {
         "weights (packed oneDNN copies included)": runner.model.weights_bytes(),
         "KV pool reserved (virtual)": runner.kv_pool_bytes,
         "KV pool committed (resident)": committed,
+        "captured decode step's buffers": graph.buffer_bytes if graph is not None else 0,
     }
 
 

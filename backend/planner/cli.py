@@ -47,6 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--usage-context", default="openai_api_server", choices=USAGE_CONTEXTS, help="vllm serve or LLM(...)"
     )
+    parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="no CUDA graphs (vLLM's flag; the embedded engine: no captured decode step), so none counted",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--list-gpus", action="store_true", help="list the GPU catalog and exit")
     parser.add_argument("--list-presets", action="store_true", help="list bundled model presets and exit")
@@ -173,6 +178,7 @@ def main(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         vllm_version=args.vllm_version,
         usage_context=args.usage_context,
+        enforce_eager=args.enforce_eager,
     )
     try:
         result = estimate(req).to_dict()
