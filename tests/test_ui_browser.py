@@ -9,6 +9,7 @@ saves a screenshot of its tab to assets/screenshots/ (the README shows them).
 from __future__ import annotations
 
 import io
+import itertools
 import time
 import zipfile
 from pathlib import Path
@@ -91,6 +92,14 @@ def test_plan_llama_8b_on_h100(page):
     assert f"{expected['max_concurrency']:,} requests" in kpis
     page.wait_for_selector("#plan-memory .js-plotly-plot")
     assert page.locator("ul[role=listbox]:visible").count() == 0  # no dropdown list left over the form
+    page.wait_for_selector("#plan-compare .js-plotly-plot")  # every GPU's name readable, none over another
+    names = page.evaluate(
+        """() => [...document.querySelectorAll('#plan-compare .ytick text')]
+             .map(t => { const r = t.getBoundingClientRect(); return [r.top, r.bottom, t.textContent]; })"""
+    )
+    names.sort()
+    assert {"T4", "H100-80GB", "B200"} <= {name for *_, name in names}  # GPUs name the rows
+    assert len(names) >= 10 and all(a[1] <= b[0] for a, b in itertools.pairwise(names)), names
     gpus = page.locator("#plan-num-gpus input")  # out of range: the handler's message names the field
     gpus.fill("0")
     gpus.press("Enter")

@@ -117,7 +117,7 @@ def test_plan_of_llama_8b_on_h100():
     assert "453,040 tokens" in kpis
     assert isinstance(memory, go.Figure) and memory.layout.xaxis.title.text == "GiB per GPU"
     assert {t.name for t in memory.data} >= {"Weights", "KV cache", "Activations"}
-    assert "tok/s" in compare.layout.xaxis.title.text and "$" in compare.layout.yaxis.title.text
+    assert "tok/s" in compare.layout.xaxis.title.text and "$" in compare.layout.xaxis2.title.text
     assert plan["model"] == PLAN_FORM["model"] and plan["gpu"] == "H100-80GB"
     assert "Recommendation" in recommendation
 

@@ -46,6 +46,37 @@ def test_the_monitor_counts_requests_in_whole_numbers():
     assert "running <b>–</b>" in html.unescape(monitor_tab.summary_html({"engine": "x"}))
 
 
+def test_the_gpu_comparison_gives_every_gpu_its_own_labelled_row():
+    """The comparison was a scatter with each GPU's name printed next to its marker: a dozen GPUs between
+    1,000 and 1,500 tok/s wrote their names over each other. Now every GPU is a row (its name on the axis)
+    with its throughput and its cost as bars, each printing its value; the cheapest that fits on top."""
+    from backend.planner import compare_gpus
+
+    *_, compare, _, message, _ = plan_tab.estimate_plan({**PLAN_FORM, "num_gpus": 2})
+    assert message == ""
+    rows = [
+        e.to_dict() for e in compare_gpus(PlanRequest(model=PLAN_FORM["model"], gpu="H100-80GB", num_gpus=2))
+    ]
+    names = [f"2 × {r['gpu']}" for r in rows]
+    assert all(t.type == "bar" and t.orientation == "h" and t.textposition == "outside" for t in compare.data)
+    for axis in ("x", "x2"):  # each panel has every GPU once
+        shown = [y for t in compare.data if t.xaxis == axis for y in t.y]
+        assert sorted(shown) == sorted(names), shown
+    order = list(compare.layout.yaxis.categoryarray)  # top to bottom (the axis is reversed)
+    assert compare.layout.yaxis.autorange == "reversed"
+    cost = {f"2 × {r['gpu']}": (not r["fits"], r["cost_per_million_output_tokens"]) for r in rows}
+    assert order == sorted(names, key=cost.__getitem__)  # fitting first, each group cheapest first
+    assert compare.layout.height >= 120 + 24 * len(names)  # a row per GPU, 12 px names stay apart
+    by_value = {(t.xaxis, y): x for t in compare.data for x, y in zip(t.x, t.y, strict=True)}
+    for r in rows:
+        assert by_value["x", f"2 × {r['gpu']}"] == r["decode_tokens_per_s_total"]
+        assert by_value["x2", f"2 × {r['gpu']}"] == r["cost_per_million_output_tokens"]
+    assert "tok/s" in compare.layout.xaxis.title.text and "$" in compare.layout.xaxis2.title.text
+    colours = {t.name: t.marker.color for t in compare.data}  # the legend says which plans fit
+    assert set(colours) == {"fits" if r["fits"] else "does not fit" for r in rows} == {"fits", "does not fit"}
+    assert colours["fits"] != colours["does not fit"]
+
+
 @pytest.mark.parametrize(("usage", "top"), [(0.0, 10), (0.067, 10), (0.2, 30), (0.5, 70), (0.9, 100)])
 def test_the_kv_panel_zooms_to_what_is_used(usage, top):
     """A reply on the 728-block default pool uses ~3 % of it: on a fixed 0-100 axis that was a flat line

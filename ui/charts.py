@@ -60,27 +60,55 @@ def memory_figure(estimate: dict[str, Any], gpu: str) -> go.Figure:
     return fig
 
 
+FIT_COLOURS = {True: ("fits", "#4f46e5"), False: ("does not fit", "#f87171")}
+ROW_PX = 26  # each GPU's row: its name at 12 px stays clear of the next one
+
+
 def gpu_compare_figure(rows: Sequence[dict[str, Any]]) -> go.Figure:
-    """Cost per 1M output tokens against total decode throughput, one marker per GPU."""
-    fig = _figure("GPUs compared: throughput vs cost (same model and workload)", height=380)
-    for fits, name, symbol in ((True, "fits", "circle"), (False, "does not fit", "x")):
-        part = [r for r in rows if bool(r["fits"]) == fits]
+    """Every GPU on its own row, cheapest that fits at the top: its decode throughput and its cost per 1M
+    output tokens side by side (bars, each with its value), coloured by whether the plan fits."""
+    ordered = sorted(rows, key=lambda r: (not r["fits"], r["cost_per_million_output_tokens"]))
+    names = [gpu_row_name(r) for r in ordered]
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.08)
+    for fits, (label, colour) in FIT_COLOURS.items():
+        part = [(name, r) for name, r in zip(names, ordered, strict=True) if bool(r["fits"]) == fits]
         if not part:
             continue
-        fig.add_scatter(
-            x=[r["decode_tokens_per_s_total"] for r in part],
-            y=[r["cost_per_million_output_tokens"] for r in part],
-            text=[r["gpu"] for r in part],
-            mode="markers+text",
-            textposition="top center",
-            name=name,
-            textfont=dict(size=10),
-            marker=dict(symbol=symbol, size=11),
-            hovertemplate="%{text}<br>%{x:,.0f} tok/s<br>$%{y:.3f} / 1M tok<extra></extra>",
-        )
-    fig.update_xaxes(title="decode throughput, all requests (tok/s)", rangemode="tozero")
-    fig.update_yaxes(title="cost ($ / 1M output tok, log scale)", type="log")
+        for col, key, text, unit in (
+            (1, "decode_tokens_per_s_total", "%{x:,.0f}", "tok/s"),
+            (2, "cost_per_million_output_tokens", "$%{x:.3g}", "/ 1M tok"),
+        ):
+            fig.add_bar(
+                x=[r[key] for _, r in part],
+                y=[name for name, _ in part],
+                orientation="h",
+                name=label,
+                legendgroup=label,
+                showlegend=col == 1,
+                marker_color=colour,
+                texttemplate=text,
+                textposition="outside",
+                cliponaxis=False,
+                hovertemplate=f"%{{y}}: {text} {unit}<extra>{label}</extra>",
+                row=1,
+                col=col,
+            )
+    fig.update_yaxes(categoryorder="array", categoryarray=names, autorange="reversed", automargin=True)
+    fig.update_xaxes(title_text="decode throughput, all requests (tok/s)", rangemode="tozero", row=1, col=1)
+    fig.update_xaxes(title_text="cost ($ / 1M output tok, log scale)", type="log", dtick=1, row=1, col=2)
+    fig.update_layout(
+        title="GPUs compared: throughput and cost (same model and workload)",
+        height=120 + ROW_PX * len(names),
+        legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1.0, xanchor="right"),
+        **_LAYOUT,
+    )
+    fig.update_layout(margin=dict(l=50, r=40, t=70, b=50))
     return fig
+
+
+def gpu_row_name(row: dict[str, Any]) -> str:
+    """A GPU's row label: its name, with the count when the plan uses more than one."""
+    return row["gpu"] if row["num_gpus"] == 1 else f"{row['num_gpus']} × {row['gpu']}"
 
 
 LIVE_SERIES = (  # (row, col, sample key, label, scale)
