@@ -54,6 +54,14 @@ def plan_llama_8b_on_h100(page) -> None:
     page.wait_for_selector("#plan-badge:has-text('Fits')")
 
 
+def box(page, selector: str) -> dict[str, float]:
+    """Where the element is on the page (top, bottom, left, right, in CSS pixels)."""
+    return page.locator(selector).first.evaluate(
+        "e => { const r = e.getBoundingClientRect(); "
+        "return {top: r.top, bottom: r.bottom, left: r.left, right: r.right}; }"
+    )
+
+
 def cut_off_labels(page, container: str) -> list[str]:
     """The labels under container whose text does not fit the box around it (what a user sees cut)."""
     return page.evaluate(
@@ -92,6 +100,8 @@ def test_plan_llama_8b_on_h100(page):
     assert f"{expected['max_concurrency']:,} requests" in kpis
     page.wait_for_selector("#plan-memory .js-plotly-plot")
     assert page.locator("ul[role=listbox]:visible").count() == 0  # no dropdown list left over the form
+    title, legend = box(page, "#plan-memory .g-xtitle"), box(page, "#plan-memory .legend")
+    assert title["bottom"] <= legend["top"], (title, legend)  # the legend's long names under the axis title
     page.wait_for_selector("#plan-compare .js-plotly-plot")  # every GPU's name readable, none over another
     names = page.evaluate(
         """() => [...document.querySelectorAll('#plan-compare .ytick text')]

@@ -29,7 +29,7 @@ def _figure(title: str, height: int = 320) -> go.Figure:
 def memory_figure(estimate: dict[str, Any], gpu: str) -> go.Figure:
     """Stacked bar of memory per GPU (weights, KV cache, activations, overhead) against capacity and
     against the share that gpu_memory_utilization allows."""
-    fig = _figure(f"Memory per GPU ({gpu})", height=300)
+    fig = _figure(f"Memory per GPU ({gpu})", height=340)
     for key, label, colour in MEMORY_PARTS:
         gib = (estimate.get(key) or 0) / GIB
         fig.add_bar(
@@ -53,9 +53,11 @@ def memory_figure(estimate: dict[str, Any], gpu: str) -> go.Figure:
         line_dash="dash",
         line_color="#f97316",
         annotation_text=f"budget {budget:.1f} GiB",
-        annotation_position="bottom left",
+        annotation_position="top left",  # beside the capacity's label, clear of the bar
     )
-    fig.update_layout(barmode="stack", legend=dict(orientation="h", y=-0.35))
+    # the legend (up to three rows of long names) at the bottom of the figure, under the axis title
+    fig.update_layout(barmode="stack", legend=dict(orientation="h", yref="container", y=0, yanchor="bottom"))
+    fig.update_layout(margin=dict(l=50, r=20, t=40, b=130))
     fig.update_xaxes(title="GiB per GPU", rangemode="tozero")
     return fig
 
