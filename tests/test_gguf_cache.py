@@ -73,3 +73,29 @@ def test_a_cache_folder_others_may_write_is_not_trusted(gguf):
     folder.chmod(0o777)
     assert not gguf_cache.is_usable(folder)
     assert not gguf_cache.config_and_tokenizer(gguf)[2]  # converted again, not read from there
+
+
+def test_the_planner_reads_a_gguf_once_across_processes(gguf, monkeypatch):
+    """The planner's spec of a GGUF file (the Launch card's plan, Plan with a .gguf) is parsed once and kept
+    beside the engine's cache: a new process (its in-memory cache cleared) reads it without GGUFReader, and
+    a saved file others may write is not trusted."""
+    import gguf as gguf_py
+
+    from backend.planner import sources
+
+    sources._gguf_spec_cached.cache_clear()
+    parsed = sources.load_model_spec(gguf)
+    assert parsed.checkpoint_dtype.startswith("gguf") and parsed.weights_bytes > 0
+    saved = next(gguf_cache.cache_dir().glob("*.plan.json"))
+
+    def no_parse(*args, **kwargs):
+        raise AssertionError("GGUFReader called although the planner's facts were saved")
+
+    monkeypatch.setattr(gguf_py, "GGUFReader", no_parse)
+    sources._gguf_spec_cached.cache_clear()  # as a new process
+    assert sources.load_model_spec(gguf) == parsed
+    saved.chmod(0o666)
+    sources._gguf_spec_cached.cache_clear()
+    with pytest.raises(AssertionError, match="GGUFReader called"):  # read from the file again
+        sources.load_model_spec(gguf)
+    sources._gguf_spec_cached.cache_clear()

@@ -37,8 +37,13 @@ def cache_dir() -> Path:
 def cache_key(path: Path) -> str:
     import transformers
 
+    return file_key(path, transformers.__version__)
+
+
+def file_key(path: Path, version: str) -> str:
+    """A name for what was read from this version of the file by this version of its reader."""
     stat = path.stat()
-    ident = f"{path.resolve()}|{stat.st_ino}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    ident = f"{path.resolve()}|{stat.st_ino}|{stat.st_size}|{stat.st_mtime_ns}|{version}"
     return hashlib.sha256(ident.encode()).hexdigest()[:20]
 
 
@@ -133,8 +138,8 @@ def tensors(gguf_path: str) -> tuple[str, list[GGUFTensor]]:
     GGUFReader (and the table is saved for the next load)."""
     path = Path(gguf_path)
     table = _table_path(path)
-    if table.is_file() and table.stat().st_uid == os.getuid() and not table.stat().st_mode & 0o022:
-        saved = json.loads(table.read_text())
+    saved = read_json(table)
+    if saved is not None:
         file = np.memmap(path, dtype=np.uint8, mode="r")
         return saved["architecture"], [_tensor(file, *entry) for entry in saved["tensors"]]
     reader = GGUFReader(path)
@@ -142,11 +147,23 @@ def tensors(gguf_path: str) -> tuple[str, list[GGUFTensor]]:
     architecture = bytes(field.parts[field.data[0]]).decode()
     if reader.byte_order == "I":  # a byte-swapped file is read through GGUFReader every time
         entries = [[t.name, t.tensor_type.name, t.shape.tolist(), t.data_offset] for t in reader.tensors]
-        _write_table(table, {"architecture": architecture, "tensors": entries})
+        write_json(table, {"architecture": architecture, "tensors": entries})
     return architecture, [GGUFTensor(t.name, t.tensor_type, t.shape, t.data) for t in reader.tensors]
 
 
-def _write_table(table: Path, content: dict) -> None:
+def read_json(table: Path) -> dict | None:
+    """A table this cache wrote: only when the current user owns it and nobody else can write it."""
+    try:
+        info = table.stat()
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            return None
+        return json.loads(table.read_text())
+    except (OSError, ValueError):  # missing, unreadable or cut short: read the file instead
+        return None
+
+
+def write_json(table: Path, content: dict) -> None:
+    """Save content as table for the next read (read_json); a failure only costs the next read a parse."""
     try:
         table.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         staging = table.with_suffix(f".{os.getpid()}.tmp")
@@ -154,4 +171,4 @@ def _write_table(table: Path, content: dict) -> None:
         staging.chmod(0o600)
         os.replace(staging, table)
     except OSError as exc:  # read-only home, full disk: the next load parses the file again
-        log.warning("cannot cache the tensor table of %s (%s)", table.name, exc)
+        log.warning("cannot cache %s (%s)", table.name, exc)

@@ -82,10 +82,26 @@ def _gguf_spec(path: Path) -> ModelSpec:
 
 @cache
 def _gguf_spec_cached(file: str, mtime_ns: int, size: int) -> ModelSpec:
-    """GGUFReader parses the whole tokenizer (seconds): read each file version once."""
-    from gguf import GGUFReader, LlamaFileType
+    """GGUFReader parses the whole tokenizer (seconds): each file version is read once, and what the spec
+    is made of is kept beside the engine's GGUF cache for the next process (the Launch card's plan)."""
+    from backend.engine import gguf_cache
 
     path = Path(file)
+    saved = gguf_cache.cache_dir() / f"{gguf_cache.file_key(path, GGUF_FACTS_VERSION)}.plan.json"
+    facts = gguf_cache.read_json(saved)
+    if facts is None:
+        facts = _gguf_facts(path)
+        gguf_cache.write_json(saved, facts)
+    return spec_from_config(**facts)
+
+
+GGUF_FACTS_VERSION = "planner-gguf-1"  # change it when _gguf_facts reads something else
+
+
+def _gguf_facts(path: Path) -> dict:
+    """spec_from_config's arguments for a GGUF file, read from its metadata and tensor table."""
+    from gguf import GGUFReader, LlamaFileType
+
     reader = GGUFReader(str(path))
 
     def field(key: str, default=None):
@@ -123,8 +139,13 @@ def _gguf_spec_cached(file: str, mtime_ns: int, size: int) -> ModelSpec:
     )
     weights = sum(int(t.n_bytes) for t in reader.tensors)
     name = field("general.name") or path.stem
-    return spec_from_config(
-        config, name, f"gguf:{path}", params=params, weights_bytes=weights, checkpoint_dtype=dtype
+    return dict(
+        config=config,
+        name=name,
+        source=f"gguf:{path}",
+        params=params,
+        weights_bytes=weights,
+        checkpoint_dtype=dtype,
     )
 
 
