@@ -75,6 +75,18 @@ def cut_off_labels(page, container: str) -> list[str]:
     )
 
 
+def wrapped_names(page, container: str) -> list[str]:
+    """The field names under container that break over more than one line ("enable_prefix_cachi / ng")."""
+    return page.evaluate(
+        """(container) => [...document.querySelectorAll(`${container} label span`)]
+          .filter(e => e.offsetParent !== null)
+          .filter(e => { const range = document.createRange(); range.selectNodeContents(e);
+                         return new Set([...range.getClientRects()].map(r => Math.round(r.top))).size > 1; })
+          .map(e => e.innerText)""",
+        container,
+    )
+
+
 def test_page_and_api_share_one_server(server, page):
     assert "gradio" in httpx.get(server + "/").text.lower()
     response = httpx.get(server + "/v1/models")
@@ -140,6 +152,7 @@ def test_launch_this_plan_here_explains_and_offers_the_default_model(page, serve
     assert page.locator("#launch-form textarea").first.input_value() == DEFAULT_HUB_ID
     assert "site-packages" not in page.locator("#launch-form").inner_text()
     assert cut_off_labels(page, "#launch-form") == []  # vLLM's knob names are readable in full
+    assert wrapped_names(page, "#launch-form") == []  # ... each on one line
     assert "read weights" in page.locator("#load-phases").inner_text()  # where the load time went
     other = page.context.new_page()  # a second browser tab sees the same, shared engine
     other.goto(server + "/")

@@ -317,15 +317,12 @@ def build(ctx: AppContext, demo: gr.Blocks, plan_state: gr.State) -> LaunchPanel
             for row in range(0, len(knobs), 3):
                 with gr.Row():
                     inputs.update({f.name: engine_input(f) for f in knobs[row : row + 3]})
-            with gr.Row():
-                hidden = {"trust_remote_code"} if ctx.policy.is_public else set()  # refused there anyway
-                inputs.update(
-                    {
-                        f.name: engine_input(f, visible=f.name not in hidden)
-                        for f in engine_fields()
-                        if f not in knobs
-                    }
-                )
+            hidden = {"trust_remote_code"} if ctx.policy.is_public else set()  # refused there anyway
+            switches = [f for f in engine_fields() if f not in knobs]
+            for row in range(0, len(switches), 2):  # two a row: each name on one line, help beside it
+                with gr.Row():
+                    for f in switches[row : row + 2]:
+                        inputs[f.name] = engine_input(f, visible=f.name not in hidden)
             admin = gr.Textbox(
                 label="Admin token (PLAYGROUND_ADMIN_TOKEN): launch and stop need it on this public app",
                 type="password",
@@ -360,7 +357,7 @@ def build(ctx: AppContext, demo: gr.Blocks, plan_state: gr.State) -> LaunchPanel
 
     launch.click(
         on_launch, {*inputs.values(), admin}, message_box, concurrency_limit=None, api_name="launch"
-    ).then(lambda: status_html(holder), None, status)
+    ).then(lambda: status_html(holder), None, status, show_progress="hidden")
     stop.click(on_stop, admin, [message_box, status], api_name="stop")
     timer = gr.Timer(2.0)  # another tab may launch or stop the shared engine: keep this view current
     timer.tick(lambda: status_html(holder), None, status, show_progress="hidden")
