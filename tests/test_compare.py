@@ -13,7 +13,7 @@ import pytest
 from app import main as app_main
 from backend.bench.compare import CompareTarget, Comparison, Workload, run_compare, run_target, split_runs
 from backend.bench.compare_offline import run_offline
-from backend.bench.compare_report import bar_lines, format_table, write_report
+from backend.bench.compare_report import bar_lines, figures, format_table, write_report
 from backend.engine.config import EngineConfig
 from backend.export.startup import Startup, error_lines
 from tests.engine_utils import tiny_model
@@ -84,6 +84,9 @@ def test_compare_runs_the_same_workload_on_each_target_and_writes_reports(served
     a, b = (run.result for run in comparison.runs)
     assert a.total_input_tokens == b.total_input_tokens  # the same prompts (same dataset and seed)
     assert all(len(run.samples) >= 2 for run in comparison.runs)
+    latency = figures(comparison)["latency"]  # targets named once, by the legend (not under each box)
+    assert {t.name for t in latency.data if t.showlegend} == {"first", "second"}
+    assert all(axis.showticklabels is False for axis in latency.select_xaxes())
     table = format_table(comparison.rows())
     assert table.count("\n") == 3 and "| first | embedded |" in table
     paths = write_report(comparison, tmp_path)

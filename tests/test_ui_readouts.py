@@ -118,3 +118,14 @@ def test_the_cli_keeps_refusing_an_explicit_impossible_pair():
         export_files(req, ExportOptions(), engines=["sglang"], formats=["shell", "python"])
     files = export_files(req, ExportOptions(), engines=["sglang"], formats=["shell", "python"], strict=False)
     assert "sglang/launch.sh" in files and "sglang/python.py" not in files
+
+
+def test_the_embedded_exports_name_the_checkout_in_a_sentence():
+    """Every other engine's header names its version ("Launch vLLM 0.33.0 as planned."); the embedded one
+    read "Launch Embedded engine this checkout as planned."."""
+    files = export_files(
+        PlanRequest(model=PLAN_FORM["model"]), engines="embedded", formats=["shell", "skypilot"]
+    )
+    assert "# Launch Embedded engine (this checkout) as planned." in files["embedded/launch.sh"]
+    assert "# Embedded engine (this checkout) with SkyPilot" in files["embedded/skypilot.yaml"]
+    assert all("engine this checkout" not in text for text in files.values())

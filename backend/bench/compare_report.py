@@ -158,6 +158,8 @@ def latency_figure(comparison: Comparison):
                 col=col,
             )
     fig.update_layout(title="Latency distributions", height=380)
+    # the legend names the targets: long URLs under three narrow panels ran into each other
+    fig.update_xaxes(showticklabels=False)
     return fig
 
 

@@ -24,7 +24,7 @@ from backend.export.tool_calling import tool_calling_flags
 
 INFO = EngineInfo(
     name="embedded",
-    version="this checkout",
+    version="(this checkout)",  # reads "Launch Embedded engine (this checkout) as planned."
     pip="pip install -r requirements.txt",
     uses_gpu=False,
     runs_in_checkout=True,
