@@ -53,6 +53,24 @@ def test_invalid_prompts_leave_the_engine_clean():
         LLM(tiny_model("llama")[0], dtype="float32", max_model_len=256, num_kv_blocks=2)
 
 
+def test_text_whose_tokens_pass_the_embedding_is_refused(tmp_path):
+    """A tokenizer that knows more tokens than the model embeds (here 49152 against 1000): a text prompt
+    that encodes past the table is refused with the allowed range before any step (the captured decode
+    step's native embedding reads rows by id), and the engine serves the next request."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder, _ = tiny_model("llama")
+    sizes = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
+    config = LlamaConfig(vocab_size=1000, num_hidden_layers=1, max_position_embeddings=128, **sizes)
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(folder).save_pretrained(tmp_path)
+    llm = LLM(str(tmp_path), dtype="float32", device="cpu")
+    with pytest.raises(ValueError, match=r"integers in \[0, 999\]"):
+        llm.generate("Paris is the capital of France", SamplingParams(max_tokens=2))
+    assert_engine_clean(llm)
+    assert len(llm.generate([5, 6], SamplingParams(max_tokens=3))[0].outputs[0].token_ids) == 3
+
+
 def test_unknown_model_path_is_named(tmp_path):
     missing = tmp_path / "no-such-model"
     with pytest.raises(FileNotFoundError, match="no-such-model"):

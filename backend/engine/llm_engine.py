@@ -100,9 +100,9 @@ class LLMEngine:
             text, ids = prompt, list(self.tokenizer(prompt).input_ids)
         else:
             text, ids = None, list(prompt)
-            vocab = self.runner.model.args.vocab_size
-            if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
-                raise ValueError(f"Prompt token ids must be integers in [0, {vocab - 1}]")
+        vocab = self.runner.model.args.vocab_size  # a tokenizer may know more tokens than the embedding
+        if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
+            raise ValueError(f"Prompt token ids must be integers in [0, {vocab - 1}]")
         if not ids:
             raise ValueError("The prompt is empty; it must contain at least one token")
         if len(ids) >= self.max_model_len:
