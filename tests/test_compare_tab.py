@@ -10,6 +10,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -21,7 +22,7 @@ from backend.server.engine_holder import EngineHolder
 from tests.common_utils import ROOT
 from tests.engine_utils import tiny_model
 from tests.server_utils import RunningServer
-from ui import compare_tab
+from ui import bench_tab, compare_tab
 from ui.common import AppContext
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -97,6 +98,26 @@ def test_embedded_target_plans_the_engine_as_it_runs(app_api):
     target = compare_tab.embedded_target(ctx)
     assert target.planned["weights_bytes"] == stats.weights_bytes
     assert target.planned["kv_cache_tokens"] == stats.num_kv_blocks_total * stats.block_size
+
+
+def test_one_plan_of_the_running_engine_for_every_tab(app_api):
+    """Launch card, Benchmark and Compare plan the running engine from its config and stats alike: its
+    max_num_seqs, and its captured decode step's bytes (none when it captured nothing) exactly."""
+    from backend.planner import estimate
+    from backend.planner.launch_here import running_engine_plan
+
+    ctx, _ = app_api
+    config, stats = ctx.holder.status().config, ctx.holder.stats()
+    req = running_engine_plan(config, stats, input_len=64, output_len=16, concurrency=2)
+    assert req.max_num_seqs == config.max_num_seqs and req.enforce_eager == (stats.decode_graph_bytes == 0)
+    assert estimate(req).cuda_graph_bytes == stats.decode_graph_bytes
+    bench = bench_tab.plan_for(
+        ctx,
+        bench_tab.EMBEDDED,
+        None,
+        SimpleNamespace(input_len=64, output_len=16, max_concurrency=2, num_prompts=4),
+    )
+    assert bench == req.to_dict()
 
 
 def test_running_engine_request_keeps_a_quantized_checkpoint_as_stored():

@@ -96,7 +96,7 @@ def percentile_rows(result: dict[str, Any]) -> list[list[str]]:
 def plan_for(ctx: AppContext, target: str, plan: dict[str, Any] | None, config: Any) -> dict[str, Any] | None:
     """What the planner predicts for the measured setup: the launched model on this machine for the
     embedded engine, the Plan tab's deployment for another server; lengths and concurrency as benchmarked."""
-    from backend.planner.launch_here import running_engine_request
+    from backend.planner.launch_here import running_engine_plan
 
     workload = dict(
         input_len=config.input_len,
@@ -105,10 +105,7 @@ def plan_for(ctx: AppContext, target: str, plan: dict[str, Any] | None, config: 
     )
     status, stats = ctx.holder.status(), ctx.holder.stats()
     if target == EMBEDDED and status.config is not None and stats is not None and stats.device == "cpu":
-        run, quantized = status.config, stats.quantization is not None
-        kv_dtype, max_len = run.kv_cache_dtype, stats.max_model_len
-        req = running_engine_request(run.model, stats.dtype, quantized, kv_dtype, max_len, **workload)
-        return req.to_dict()
+        return running_engine_plan(status.config, stats, **workload).to_dict()
     return {**plan, **workload} if plan and target != EMBEDDED else None
 
 

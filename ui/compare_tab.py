@@ -20,16 +20,13 @@ EXTERNAL = ("vllm", "sglang", "llamacpp")
 def embedded_target(ctx: AppContext):
     from backend.bench.compare import CompareTarget
     from backend.bench.compare_targets import planned
-    from backend.planner.launch_here import running_engine_request
+    from backend.planner.launch_here import running_engine_plan
 
     engine, status, stats = ctx.holder.get(), ctx.holder.status(), ctx.holder.stats()
     if engine is None or status.config is None or stats is None:
         raise ValueError("the embedded engine is not running: press Launch in the Launch tab")
     config = status.config
-    quantized = stats.quantization is not None
-    req = running_engine_request(
-        config.model, stats.dtype, quantized, config.kv_cache_dtype, stats.max_model_len
-    )
+    req = running_engine_plan(config, stats)
     return CompareTarget(
         name=EMBEDDED,
         base_url=ctx.api_base,

@@ -121,6 +121,22 @@ def running_engine_request(
     )
 
 
+def running_engine_plan(config: Any, stats: Any, **workload: Any) -> PlanRequest:
+    """running_engine_request for a running engine from its EngineConfig and EngineStats: as stored when it
+    reports a quantization, its KV dtype, max_model_len and max_num_seqs, enforce_eager when it captured no
+    decode step (the Launch card, the Benchmark tab and the Compare tab alike)."""
+    return running_engine_request(
+        config.model,
+        stats.dtype,
+        stats.quantization is not None,
+        config.kv_cache_dtype,
+        stats.max_model_len,
+        config.max_num_seqs,
+        stats.decode_graph_bytes == 0,
+        **workload,
+    )
+
+
 def check_weights(plan: PlanRequest, model: str, hub_online: bool) -> list[str]:
     reasons = []
     if not is_local(model) and not hub_online:
