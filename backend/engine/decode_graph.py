@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from backend.engine import cpu_kernels
+from backend.engine.decode_graph_memory import STEP_INTS, DecodeGraphShape, activation_widths
 from backend.engine.graph_ops import (
     Op,
     add_rms_norm_op,
@@ -77,6 +78,20 @@ class StepRows:
     num_blocks: int  # max(blocks): the tables' width this step
 
 
+def graph_shape(model: LlamaForCausalLM) -> DecodeGraphShape:
+    """The widths that size a graph of this model's buffers (decode_graph_memory)."""
+    args = model.args
+    return DecodeGraphShape(
+        args.hidden_size,
+        args.intermediate_size,
+        args.num_heads,
+        args.num_kv_heads,
+        args.head_dim,
+        args.vocab_size,
+        model.norm.weight.element_size(),
+    )
+
+
 class DecodeGraph:
     def __init__(
         self,
@@ -86,7 +101,7 @@ class DecodeGraph:
         max_model_len: int,
         block_size: int,
     ) -> None:
-        args, self.model, self.block_size = model.args, model, block_size
+        self.model, self.block_size = model, block_size
         self.max_num_seqs = size = max_num_seqs
         self.max_blocks = -(-max_model_len // block_size)
         dtype, device = model.norm.weight.dtype, model.norm.weight.device
@@ -94,19 +109,15 @@ class DecodeGraph:
         def buffer(width: int, buffer_dtype: torch.dtype = dtype) -> torch.Tensor:
             return torch.zeros(size, width, dtype=buffer_dtype, device=device)
 
-        self.step_ints = torch.zeros(4, size, dtype=torch.int64, device=device)
+        self.step_ints = torch.zeros(STEP_INTS, size, dtype=torch.int64, device=device)
         self.block_tables = torch.zeros(size, self.max_blocks, dtype=torch.int64, device=device)
-        self.hidden = buffer(args.hidden_size)  # the embeddings: layer 0's residual
-        self.residuals = (buffer(args.hidden_size), buffer(args.hidden_size))
-        self.normed, self.out = buffer(args.hidden_size), buffer(args.hidden_size)
-        attention = decoder_layers(model)[0].self_attn
-        self.qkv = buffer(attention.q_size + 2 * attention.kv_size)
-        self.attention_out = buffer(attention.q_size)
-        self.gate_up = buffer(2 * args.intermediate_size)
-        self.activation = buffer(args.intermediate_size)
+        b = {name: buffer(width) for name, width in activation_widths(graph_shape(model)).items()}
+        self.hidden, self.residuals = b["hidden"], (b["residual_0"], b["residual_1"])
+        self.normed, self.out, self.qkv = b["normed"], b["out"], b["qkv"]
+        self.attention_out, self.gate_up, self.activation = b["attention_out"], b["gate_up"], b["activation"]
         lm_head = model.lm_head  # Linear / an interleaved QuantizedLinear: fp32 logits; else dtype logits
         float_logits = isinstance(lm_head, Linear | QuantizedLinear) and lm_head.float_output
-        self.logits = buffer(args.vocab_size, torch.float32 if float_logits else dtype)
+        self.logits = buffer(model.args.vocab_size, torch.float32 if float_logits else dtype)
         ops = self.capture(kv_caches)
         self.ops = (Op * len(ops))(*ops)
 

@@ -12,7 +12,7 @@ import torch
 
 from backend.engine import cpu_kernels
 from backend.engine.config import EngineConfig
-from backend.engine.decode_graph import unsupported_reason
+from backend.engine.decode_graph import graph_shape, unsupported_reason
 from backend.engine.decode_graph_memory import DecodeGraphShape, decode_graph_bytes
 from backend.engine.device import kv_cache_budget_bytes
 from backend.engine.model_runner import ModelRunner
@@ -25,16 +25,7 @@ def decode_graph_shape(model: LlamaForCausalLM, config: EngineConfig) -> DecodeG
     weight = model.norm.weight
     if config.enforce_eager or unsupported_reason(model, cpu_kernels.supports(weight.device, weight.dtype)):
         return None
-    args = model.args
-    return DecodeGraphShape(
-        args.hidden_size,
-        args.intermediate_size,
-        args.num_heads,
-        args.num_kv_heads,
-        args.head_dim,
-        args.vocab_size,
-        weight.element_size(),
-    )
+    return graph_shape(model)
 
 
 def size_kv_pool(
