@@ -183,13 +183,36 @@ def test_n_completions_and_max_tokens_none(llm):
     assert long.outputs[0].finish_reason == "length"
 
 
-def test_incremental_detokenizer_never_splits_multibyte_characters(llm):
+class SlowTokenizer:
+    """The model's tokenizer without its Rust backend (as a slow, Python-only tokenizer looks)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.decode = tokenizer.decode
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["decode_stream", "window_decode"])
+def test_incremental_detokenizer_never_splits_multibyte_characters(llm, fast):
     tokenizer = llm.tokenizer
     text = "naïve café — 世界你好 🎉🚀 Ünïcödé ✓"
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert len(ids) > len(text.split())  # multi-byte characters span several byte tokens
-    detok = IncrementalDetokenizer(tokenizer)
+    detok = IncrementalDetokenizer(tokenizer if fast else SlowTokenizer(tokenizer))
+    assert (detok.stream is not None) == fast
     deltas = [detok.add_token(i) for i in ids]
     assert all("\ufffd" not in d for d in deltas)
     assert "".join(deltas) + detok.flush() == text == detok.text
     assert any(d == "" for d in deltas)  # some tokens had to wait for the rest of their character
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["decode_stream", "window_decode"])
+def test_detokenizer_flush_emits_an_incomplete_last_character(llm, fast):
+    """A sequence cut inside a character (max_tokens, say): its bytes are held back until flush() emits
+    them as decoding all the tokens does (U+FFFD)."""
+    tokenizer = llm.tokenizer
+    ids = tokenizer.encode("ok 🎉", add_special_tokens=False)
+    cut = next(n for n in range(1, len(ids)) if tokenizer.decode(ids[:n]).endswith("\ufffd"))
+    detok = IncrementalDetokenizer(tokenizer if fast else SlowTokenizer(tokenizer))
+    deltas = [detok.add_token(i) for i in ids[:cut]]
+    assert "".join(deltas) == "ok"
+    assert detok.flush() == " \ufffd" and detok.text == tokenizer.decode(ids[:cut])
+    assert detok.flush() == ""

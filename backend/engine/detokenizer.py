@@ -2,11 +2,16 @@
 
 Each new token decodes a small window (the previous token(s) plus the new one) and emits only the text
 that the window adds; while the window ends in U+FFFD (an incomplete UTF-8 sequence) nothing is emitted.
+A fast tokenizer does that in Rust (`tokenizers.decoders.DecodeStream`, the same algorithm, as vLLM's
+FastIncrementalDetokenizer uses it): ~2 us a token against ~10-60 us through transformers' decode().
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -19,6 +24,9 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0  # window start
         self.read_offset = 0  # tokens before this are already in self.text
         self.text = ""
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.backend = backend if isinstance(backend, Tokenizer) else None
+        self.stream = DecodeStream(skip_special_tokens=skip_special_tokens) if self.backend else None
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
@@ -26,7 +34,13 @@ class IncrementalDetokenizer:
     def add_token(self, token_id: int) -> str:
         """Append one token; return the text it completes (maybe "")."""
         self.token_ids.append(token_id)
-        return self._emit(final=False)
+        if self.stream is None:
+            return self._emit(final=False)
+        delta = self.stream.step(self.backend, token_id)
+        if not delta:
+            return ""
+        self._advance(delta)
+        return delta
 
     def flush(self) -> str:
         """At the end of a sequence: emit whatever is pending, even an incomplete character."""
@@ -40,7 +54,11 @@ class IncrementalDetokenizer:
         if len(new_text) <= len(prefix_text) or (new_text.endswith(REPLACEMENT_CHAR) and not final):
             return ""
         delta = new_text[len(prefix_text) :]
+        self._advance(delta)
+        return delta
+
+    def _advance(self, delta: str) -> None:
+        """delta emitted for the tokens up to now: the next window starts at the tokens it ended."""
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.token_ids)
         self.text += delta
-        return delta
