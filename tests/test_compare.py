@@ -7,13 +7,21 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 
 from app import main as app_main
 from backend.bench.compare import CompareTarget, Comparison, Workload, run_compare, run_target, split_runs
 from backend.bench.compare_offline import run_offline
-from backend.bench.compare_report import bar_lines, figures, format_table, write_report
+from backend.bench.compare_report import (
+    bar_lines,
+    fairness_line,
+    figures,
+    format_table,
+    note_lines,
+    write_report,
+)
 from backend.engine.config import EngineConfig
 from backend.export.startup import Startup, error_lines
 from tests.engine_utils import tiny_model
@@ -97,6 +105,30 @@ def test_compare_runs_the_same_workload_on_each_target_and_writes_reports(served
     assert "data-target='second'" in page and "Plotly.newPlot" in page
     assert '<script src="https://cdn.plot.ly' not in page
     assert len(page) > 1_000_000  # plotly.js is inline: the report opens offline
+
+
+def test_one_server_given_twice_serves_neither_run_from_the_others_prefix_cache(served):
+    """The same engine as both targets: the second run's prompts have the first's lengths and token counts
+    but a salt of their own, so the engine's prefix-cache hits do not rise from the first run's prompts
+    (before, the second run re-sent the first's prompts and was served from its cache); the report says so."""
+    engine, server = served
+    model = tiny_model("llama")[0]
+    targets = [
+        CompareTarget(name, f"{server.url}/v1", "tiny", block_size=engine.stats().block_size)
+        for name in ("first", "again")
+    ]
+    workload = Workload("random", num_prompts=4, max_concurrency=2, input_len=48, output_len=4, seed=7)
+    workload = replace(workload, tokenizer=model)
+    hits_before = engine.stats().prefix_cache_hits_total
+    comparison = run_compare(targets, workload)
+    first, again = comparison.rows()
+    assert engine.stats().prefix_cache_hits_total == hits_before  # no block of any prompt was reused
+    assert (first.prefix_cache_hits, again.prefix_cache_hits) == (0, 0)  # as /metrics counted each run
+    a, b = (run.result for run in comparison.runs)
+    assert a.total_input_tokens == b.total_input_tokens > 4 * 48  # equal counts, each with its salt
+    assert first.prompt_salt != again.prompt_salt and first.prompt_salt.startswith("[")
+    line = fairness_line(comparison)
+    assert "salt of its own" in line and "first 0, again 0" in line and line in note_lines(comparison)
 
 
 def test_offline_column_runs_the_served_prompts_and_states_the_bar(served):

@@ -80,14 +80,21 @@ def test_tab_sends_the_random_token_prompts_the_cli_sends(app_api, tmp_path):
     assert tab["workload"]["tokenizer"] == cli["workload"]["tokenizer"] == ctx.default_model
     tab_prompts, cli_prompts = sent_prompts(tab), sent_prompts(cli)
     assert list(tab_prompts) == [compare_tab.EMBEDDED, f"{url}/v1"]
-    reference = cli_prompts[url]
-    assert all(prompts == reference for prompts in [*tab_prompts.values(), *cli_prompts.values()])
+    salts = [r["prompt_salt"] for r in [*tab["rows"], *cli["rows"]]]
+    assert len(set(salts)) == 4  # each target its own: one server given twice shares no prefix cache
+    reference = [r.prompt.removeprefix(salts[-1]) for r in cli_prompts[url]]
+    for salt, prompts in zip(salts, [*tab_prompts.values(), *cli_prompts.values()], strict=True):
+        assert all(r.prompt.startswith(salt) for r in prompts)
+        assert [r.prompt.removeprefix(salt) for r in prompts] == reference  # the same prompts after it
     tokenizer = load_tokenizer(ctx.default_model)
-    assert len({r.prompt for r in reference}) == WORKLOAD["num_prompts"]
-    for request in reference:  # token ids of the model's tokenizer, not corpus words
-        assert len(tokenizer(request.prompt, add_special_tokens=False)["input_ids"]) == WORKLOAD["input_len"]
+    assert len(set(reference)) == WORKLOAD["num_prompts"]
+    for prompt in reference:  # token ids of the model's tokenizer, not corpus words
+        assert len(tokenizer(prompt, add_special_tokens=False)["input_ids"]) == WORKLOAD["input_len"]
+    salt_tokens = len(tokenizer(salts[0], add_special_tokens=False)["input_ids"])
     for result in [*tab["results"].values(), *cli["results"].values()]:  # as the server counted them
-        assert result["input_lens"] == [WORKLOAD["input_len"]] * WORKLOAD["num_prompts"], result["errors"]
+        lengths = [WORKLOAD["input_len"] + salt_tokens] * WORKLOAD["num_prompts"]
+        assert result["input_lens"] == lengths, result["errors"]
+    assert "salt of its own" in message and "prefix-cache hits during each run" in message
 
 
 def test_embedded_target_plans_the_engine_as_it_runs(app_api):

@@ -64,7 +64,7 @@ def targets(ctx: AppContext, chosen: list[str], url: str) -> list:
 def run(ctx: AppContext, form: dict[str, Any], progress: Any = None) -> tuple:
     """(message, table, throughput chart, latency chart, KV chart, report files) for the form."""
     from backend.bench.compare import Workload, run_compare, with_target_tokenizer
-    from backend.bench.compare_report import figures, table_html, write_report
+    from backend.bench.compare_report import fairness_line, figures, table_html, write_report
 
     skip = (gr.skip(),) * 5
     try:
@@ -94,7 +94,8 @@ def run(ctx: AppContext, form: dict[str, Any], progress: Any = None) -> tuple:
     figs = figures(comparison)
     failed = sum(r.failed for r in comparison.rows())
     message = ok_message(
-        f"compared {len(chosen_targets)} targets on {workload.num_prompts} requests each; {failed} failed"
+        f"compared {len(chosen_targets)} targets on {workload.num_prompts} requests each; {failed} failed. "
+        + fairness_line(comparison)
     )
     files = [str(paths["json"]), str(paths["html"])]
     return message, table_html(comparison.rows()), figs["throughput"], figs["latency"], figs["kv"], files

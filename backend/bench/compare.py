@@ -1,6 +1,11 @@
 """Compare engines: the same benchmark workload (dataset, seed, request count, concurrency) against each
 target in turn, with each target's /metrics and process memory sampled during its run.
 
+Every target's prompts begin with a salt of its own (`prompt_salts`): the same prompts, lengths and token
+counts otherwise, but no KV block in common, so no target is served from a prefix cache an earlier target
+filled (one server given twice, or a server benchmarked before). Resetting the cache instead is not
+portable: vLLM serves POST /reset_prefix_cache only in its dev mode, and our server has no such route.
+
 One row per target: output and total tok/s, TTFT/TPOT/ITL p50 and p99, failed requests, peak resident
 memory of a local engine (its processes and their children), KV-cache capacity in tokens, and the planner's
 estimate for the same settings beside the measured memory.
@@ -9,6 +14,7 @@ estimate for the same settings beside the measured memory.
 from __future__ import annotations
 
 import math
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +54,7 @@ class Workload:
     timeout_s: float = 600.0
     ignore_eos: bool = False
     tokenizer: str | None = None  # random prompts as token ids of this tokenizer (vLLM's random dataset)
+    salt: str = ""  # before every prompt: one per target (prompt_salts)
 
     def config(self, target: CompareTarget) -> BenchConfig:
         return BenchConfig(
@@ -64,7 +71,31 @@ class Workload:
             timeout_s=self.timeout_s,
             ignore_eos=self.ignore_eos,
             tokenizer=self.tokenizer,
+            salt=self.salt,
         )
+
+
+SALT_DIGITS = 8
+
+
+def prompt_salts(count: int, tokenizer: str | None = None) -> list[str]:
+    """`count` distinct salts such as "[40719362]\n", drawn afresh for each comparison (a second one
+    against the same server finds none of the first's prompts cached). With the tokenizer known, all of
+    them encode to the same number of tokens, so every target gets the same prompt token counts."""
+    from backend.bench.datasets import load_tokenizer
+
+    rng, salts, lengths = random.SystemRandom(), [], set()
+    encode = load_tokenizer(tokenizer) if tokenizer else None
+    for _ in range(100 * count):
+        salt = f"[{rng.randrange(10**SALT_DIGITS):0{SALT_DIGITS}d}]\n"
+        length = len(encode(salt, add_special_tokens=False)["input_ids"]) if encode else 0
+        if salt in salts or (lengths and length not in lengths):
+            continue  # a tokenizer that merges digits: draw until the count matches the first salt's
+        salts.append(salt)
+        lengths.add(length)
+        if len(salts) == count:
+            return salts
+    raise RuntimeError(f"no {count} salts of one token count in {100 * count} draws")
 
 
 def with_target_tokenizer(workload: Workload, targets: list[CompareTarget]) -> Workload:
@@ -109,6 +140,8 @@ class CompareRow:
     planned_weights_bytes: float | None
     planned_kv_cache_tokens: int | None
     detail: str = ""  # the target's detail
+    prompt_salt: str = ""  # before each of its prompts (Workload.salt)
+    prefix_cache_hits: int | None = None  # tokens its run found cached (/metrics; None: not exported)
 
 
 @dataclass(slots=True)
@@ -169,14 +202,22 @@ def kv_capacity(target: CompareTarget, samples: list[dict]) -> int | None:
     return int(blocks * target.block_size) if blocks else None
 
 
-def make_row(target: CompareTarget, result: BenchResult, samples: list[dict], concurrency: int) -> CompareRow:
+def counter_rise(samples: list[dict], key: str) -> int | None:
+    """How far a /metrics counter rose from the first sample to the last (None: not exported)."""
+    values = [s[key] for s in samples if s.get(key) is not None]
+    return int(values[-1] - values[0]) if values else None
+
+
+def make_row(
+    target: CompareTarget, result: BenchResult, samples: list[dict], workload: Workload
+) -> CompareRow:
     p = result.percentiles
     rss = [s["rss_bytes"] for s in samples if s.get("rss_bytes")]
     engines = [s["engine"] for s in samples if s.get("engine") not in (None, "unknown")]
     return CompareRow(
         target=target.name,
         engine=engines[0] if engines else "unknown",
-        max_concurrency=concurrency,
+        max_concurrency=workload.max_concurrency,
         completed=result.completed,
         failed=result.failed,
         duration_s=result.duration,
@@ -193,6 +234,8 @@ def make_row(target: CompareTarget, result: BenchResult, samples: list[dict], co
         planned_weights_bytes=target.planned.get("weights_bytes"),
         planned_kv_cache_tokens=target.planned.get("kv_cache_tokens"),
         detail=target.detail,
+        prompt_salt=workload.salt,
+        prefix_cache_hits=counter_rise(samples, "prefix_cache_hits_total"),
     )
 
 
@@ -200,7 +243,7 @@ def run_target(target: CompareTarget, workload: Workload, progress=None) -> Targ
     config = workload.config(target)
     with Sampler(target) as sampler:
         result = run_benchmark(config, progress=progress)
-    row = make_row(target, result, sampler.samples, workload.max_concurrency)
+    row = make_row(target, result, sampler.samples, workload)
     return TargetRun(row, sampler.samples, result)
 
 
@@ -240,11 +283,12 @@ class Comparison:
 def run_compare(
     targets: list[CompareTarget], workload: Workload, progress: Callable[[str, int, int], None] | None = None
 ) -> Comparison:
-    """Each target in turn (never at once: they would share the CPU), the same workload and seed."""
+    """Each target in turn (never at once: they would share the CPU), the same workload and seed, each
+    with its own prompt salt."""
     if len({t.name for t in targets}) != len(targets):
         raise ValueError(f"target names must differ, got {[t.name for t in targets]}")
     runs = []
-    for target in targets:
+    for target, salt in zip(targets, prompt_salts(len(targets), workload.tokenizer), strict=True):
         report = (lambda done, total, name=target.name: progress(name, done, total)) if progress else None
-        runs.append(run_target(target, workload, report))
+        runs.append(run_target(target, replace(workload, salt=salt), report))
     return Comparison(workload, runs)

@@ -92,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
 
 def run_targets(args: argparse.Namespace, model: str, warmup, runs, comparison) -> None:
     """Each target in turn: start, warm up, one run per concurrency, stop; then the offline column."""
-    from backend.bench.compare import run_target
+    from backend.bench.compare import prompt_salts, run_target
     from backend.bench.compare_offline import run_offline
     from backend.bench.compare_report import format_table
     from backend.bench.compare_targets import LocalTargets, url_target
@@ -101,21 +101,24 @@ def run_targets(args: argparse.Namespace, model: str, warmup, runs, comparison) 
     local = LocalTargets(
         model, args.max_model_len, max_num_seqs, args.vllm_eager, args.max_num_batched_tokens
     )
+    salts = prompt_salts(len(args.target), runs[0].tokenizer)  # a server given twice: no shared cache
     with local:
-        for name in args.target:
+        for name, salt in zip(args.target, salts, strict=True):
             target = local.start(name, args.start_timeout) if name in LOCAL else url_target(name)
-            if warmup is not None:
-                print(f"* {name}: {warmup.num_prompts} warm-up requests (untimed)", flush=True)
-                run_target(target, warmup)
-            for run in runs:
+            warm = replace(warmup, salt=salt) if warmup is not None else None
+            salted = [replace(run, salt=salt) for run in runs]  # the offline column runs them too
+            if warm is not None:
+                print(f"* {name}: {warm.num_prompts} warm-up requests (untimed)", flush=True)
+                run_target(target, warm)
+            for run in salted:
                 label = name if len(runs) == 1 else f"{name} c={run.max_concurrency}"
                 print(f"* {label}: {run.num_prompts} requests", flush=True)
                 comparison.runs.append(run_target(replace(target, name=label), run))
                 print(format_table([comparison.runs[-1].row]), flush=True)
             local.stop(name)  # the next engine gets the whole machine
             if name == "embedded" and not args.skip_offline:
-                for run in runs:
+                for run in salted:
                     print(f"* offline engine c={run.max_concurrency}: {run.num_prompts} requests", flush=True)
-                    offline = run_offline(local.engine_config(run.max_concurrency), run, warmup)
+                    offline = run_offline(local.engine_config(run.max_concurrency), run, warm)
                     comparison.offline.append(offline)
                     print(f"  {offline.output_tok_s or 0:,.1f} tok/s ({offline.detail})", flush=True)

@@ -20,6 +20,7 @@ COLUMNS = (
     ("TPOT p50/p99 ms", lambda r: f"{r.tpot_p50_ms:,.1f} / {r.tpot_p99_ms:,.1f}"),
     ("ITL p50/p99 ms", lambda r: f"{r.itl_p50_ms:,.1f} / {r.itl_p99_ms:,.1f}"),
     ("done/failed", lambda r: f"{r.completed}/{r.failed}"),
+    ("prefix-cache hits", lambda r: _count(r.prefix_cache_hits)),
     ("peak RSS", lambda r: "–" if r.peak_rss_bytes is None else f"{r.peak_rss_bytes / GIB:.2f} GiB"),
     ("KV tokens", lambda r: _count(r.kv_cache_tokens)),
     ("plan: weights", lambda r: _gib(r.planned_weights_bytes)),
@@ -30,8 +31,8 @@ COLUMNS = (
 )
 
 
-def _count(n: int | None) -> str:
-    return "–" if n is None else f"{n:,}"
+def _count(n: int | None, missing: str = "–") -> str:
+    return missing if n is None else f"{n:,}"
 
 
 def _gib(nbytes: float | None) -> str:
@@ -104,11 +105,30 @@ def bar_lines(comparison: Comparison, ours: str = "embedded", peer: str = "vllm"
     return lines
 
 
+def fairness_line(comparison: Comparison) -> str:
+    """What kept the targets' prefix caches apart, with the figures that show it: each target's salt, each
+    run's prompt tokens (equal when the prompts are) and the prefix-cache hits its server counted during
+    it; "" when the runs had no salts."""
+    runs = comparison.runs
+    salts = {run.row.target.split(" c=")[0]: run.row.prompt_salt.strip() for run in runs}
+    if not any(salts.values()):
+        return ""
+    named = ", ".join(f"{target} {salt!r}" for target, salt in salts.items())
+    tokens = ", ".join(f"{run.row.target} {run.result.total_input_tokens:,}" for run in runs)
+    hits = ", ".join(f"{run.row.target} {_count(run.row.prefix_cache_hits, 'not exported')}" for run in runs)
+    return (
+        f"prefix cache: each target's prompts began with a salt of its own ({named}), so no run was served "
+        f"from a cache an earlier one filled; prompt tokens: {tokens}; prefix-cache hits during each run "
+        f"(tokens, from /metrics): {hits}"
+    )
+
+
 def note_lines(comparison: Comparison) -> list[str]:
-    """How each target ran (vLLM's mode and threads) and how the offline column was taken."""
+    """How each target ran (vLLM's mode and threads), how the prompts were kept apart and how the offline
+    column was taken."""
     notes = dict.fromkeys(f"{r.target.split(' c=')[0]}: {r.detail}" for r in comparison.rows() if r.detail)
     offline = [f"offline c={r.max_concurrency}: {r.detail}" for r in comparison.offline]
-    return [*notes, *offline]
+    return [*notes, *filter(None, [fairness_line(comparison)]), *offline]
 
 
 def table_html(rows: list[CompareRow]) -> str:

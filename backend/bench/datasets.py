@@ -165,9 +165,19 @@ def sample_requests(config) -> list[SampleRequest]:
 
 def iter_requests(config) -> Iterator[SampleRequest]:
     """The same requests, built one at a time as the benchmark sends them (a file is read at once): the
-    seed's stream without its first ``skip_requests``."""
+    seed's stream without its first ``skip_requests``, each with ``config.salt`` before its text."""
     skip = config.skip_requests
-    return itertools.islice(_stream(config, skip + config.num_prompts), skip, None)
+    stream = itertools.islice(_stream(config, skip + config.num_prompts), skip, None)
+    return (salted(req, config.salt) for req in stream) if config.salt else stream
+
+
+def salted(req: SampleRequest, salt: str) -> SampleRequest:
+    """``req`` with ``salt`` before its text: the prompt's, or the first message's for chat (after the
+    chat template's own opening, which every request shares anyway)."""
+    if req.messages is None:
+        return SampleRequest(salt + (req.prompt or ""), None, req.output_len)
+    first, *rest = req.messages
+    return SampleRequest(None, [{**first, "content": salt + first["content"]}, *rest], req.output_len)
 
 
 def _stream(config, n: int) -> Iterator[SampleRequest]:

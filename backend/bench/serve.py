@@ -39,6 +39,7 @@ class BenchConfig:
     prefix_len: int = 192
     seed: int = 0
     skip_requests: int = 0  # start this far into the seed's request stream (disjoint runs of one seed)
+    salt: str = ""  # text before every prompt: compare gives each target its own (no shared prefix cache)
     endpoint: str = "auto"  # auto | chat | completions
     temperature: float = 0.0
     ignore_eos: bool = False
