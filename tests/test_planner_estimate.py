@@ -9,7 +9,17 @@ from dataclasses import replace
 
 import pytest
 
-from backend.planner import PlanRequest, compare_gpus, detect_local_hardware, estimate, list_gpus, recommend
+from backend.default_model import packaged_gguf
+from backend.planner import (
+    PlanRequest,
+    compare_gpus,
+    detect_local_hardware,
+    estimate,
+    get_quantization,
+    list_gpus,
+    recommend,
+    recommendation,
+)
 from backend.planner.catalog import get_gpu
 
 GIB = 1024**3
@@ -168,6 +178,22 @@ def test_compare_and_recommend():
     fast = recommend(req, tpot_s=0.02)
     assert fast.tpot_s <= 0.02 and fast.price_per_hour >= best.price_per_hour
     assert recommend(req, tokens_per_s=1e9) is None
+
+
+def test_recommendation_keeps_the_plans_quantization_unless_another_is_cheaper():
+    """A Q4_1 GGUF: recommended as stored (bf16 would only dequantize it), with the chart's estimate for that
+    GPU; a bf16 72B: AWQ is recommended because it is cheaper per hour, and the reason says so."""
+    gguf = PlanRequest(model=str(packaged_gguf()), gpu="L4")
+    advice = recommendation(gguf)
+    assert advice.plan_quant == advice.best.quant == "gguf-q4_1" and not advice.changes_quant
+    chart = next(r for r in compare_gpus(replace(gguf, gpu=advice.best.gpu)) if r.gpu == advice.best.gpu)
+    assert advice.best.to_dict() == chart.to_dict()  # the chart's row, not another configuration
+    big = recommendation(PlanRequest(model="Qwen/Qwen2.5-72B-Instruct", max_model_len=8192, concurrency=32))
+    assert big.changes_quant and big.plan_quant == big.as_planned.quant == "bf16"
+    assert get_quantization(big.best.quant).bits < 16
+    assert big.best.price_per_hour < big.as_planned.price_per_hour
+    reason = big.reason()
+    assert f"${big.as_planned.price_per_hour:.2f}/h" in reason and big.best.quant in reason
 
 
 def test_local_hardware_detection_answers_without_a_gpu():

@@ -17,10 +17,13 @@ import gradio as gr
 import plotly.graph_objects as go
 import pytest
 
+from backend.default_model import packaged_gguf
 from backend.engine.config import EngineConfig
 from backend.engine.load_phases import LoadPhases
 from backend.export.supervisor import ExternalServers
 from backend.model_names import display_name
+from backend.planner import PlanRequest
+from backend.planner import recommendation as recommend_for
 from backend.server.engine_holder import EngineHolder, build_engine
 from tests.common_utils import free_port
 from tests.engine_utils import tiny_model
@@ -120,6 +123,24 @@ def test_plan_of_llama_8b_on_h100():
     assert "tok/s" in compare.layout.xaxis.title.text and "$" in compare.layout.xaxis2.title.text
     assert plan["model"] == PLAN_FORM["model"] and plan["gpu"] == "H100-80GB"
     assert "Recommendation" in recommendation
+
+
+def test_plan_recommendation_is_the_charts_configuration_for_a_gguf():
+    """A Q4_1 GGUF on an L4: the Recommendation names the GGUF's quantization and the chart's figures for
+    the GPU it picks (it named a bf16 configuration's throughput and cost beside a chart of the GGUF's)."""
+    form = {**PLAN_FORM, "model": str(packaged_gguf()), "gpu": "L4", "quant": "auto"}
+    badge, _, _, compare, recommendation, message, _ = plan_tab.estimate_plan(form)
+    assert message == "" and "Fits" in badge
+    count, gpu, quant = re.search(r"(\d+) × ([\w-]+), (\S+) ", recommendation).groups()
+    assert (count, quant) == ("1", "gguf-q4_1")
+    assert "the plan's quantization, as in the chart" in recommendation
+    throughput, cost = compare.data[0], compare.data[1]  # every GPU fits: one trace per panel
+    row = list(throughput.y).index(gpu)
+    assert plan_tab.tok_s(throughput.x[row]) in recommendation
+    assert plan_tab.usd_per_m(cost.x[row]) in recommendation
+    advice = recommend_for(PlanRequest(model="Qwen/Qwen2.5-72B-Instruct", max_model_len=8192, concurrency=32))
+    text = plan_tab.recommendation_text(advice)  # another quantization is said to be one, with its reason
+    assert f"{advice.best.quant} instead of the plan's bf16" in text and advice.reason() in text
 
 
 # --- Launch -----------------------------------------------------------------------------------------

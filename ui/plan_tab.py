@@ -93,7 +93,7 @@ def estimate_plan(form: dict[str, Any], ctx: AppContext | None = None) -> tuple:
     """Handler for every input change; with ctx, its policy decides which models a visitor may name.
 
     Returns (badge, kpis, memory figure, GPU comparison, recommendation, message, plan as a dict)."""
-    from backend.planner import compare_gpus, estimate, recommend
+    from backend.planner import Targets, compare_gpus, estimate, recommendation
 
     try:
         name = str(form["model"] or "").strip()
@@ -102,8 +102,8 @@ def estimate_plan(form: dict[str, Any], ctx: AppContext | None = None) -> tuple:
         req = plan_request(form)
         est = estimate(req).to_dict()
         rows = [e.to_dict() for e in compare_gpus(req)]
-        targets = _seconds(form["ttft"], "target TTFT (ms)"), _seconds(form["tpot"], "target TPOT (ms)")
-        best = recommend(req, ttft_s=targets[0], tpot_s=targets[1])
+        ttft_s = _seconds(form["ttft"], "target TTFT (ms)")
+        advice = recommendation(req, Targets(ttft_s, _seconds(form["tpot"], "target TPOT (ms)")))
     # every planner error (unknown model or GPU, lengths beyond the model's limit) becomes the message
     except Exception as exc:
         return (*(gr.skip(),) * 5, error_message(describe(exc)), gr.skip())
@@ -112,21 +112,27 @@ def estimate_plan(form: dict[str, Any], ctx: AppContext | None = None) -> tuple:
         kpi_html(est),
         charts.memory_figure(est, req.gpu),
         charts.gpu_compare_figure(rows),
-        recommendation_text(best),
+        recommendation_text(advice),
         "",
         req.to_dict(),
     )
 
 
-def recommendation_text(best: Any) -> str:
+def recommendation_text(advice: Any) -> str:
+    """The Recommendation as one line; it names its quantization against the plan's (the chart's)."""
+    best = advice.best
     if best is None:
         return (
             "**Recommendation:** no catalog GPU meets these targets; relax the TTFT/TPOT targets or quantize."
         )
     b = best.to_dict()
+    if advice.changes_quant:
+        quant = f"**{b['quant']} instead of the plan's {advice.plan_quant}** ({advice.reason()})"
+    else:
+        quant = f"{b['quant']} (the plan's quantization, as in the chart)"
     return (
         f"**Recommendation** (cheapest that fits the workload and targets): "
-        f"{b['num_gpus']} × {b['gpu']}, {b['quant']} — "
+        f"{b['num_gpus']} × {b['gpu']}, {quant} — "
         f"{tok_s(b['decode_tokens_per_s_total'])}, {usd_per_m(b['cost_per_million_output_tokens'])}"
     )
 

@@ -1,6 +1,6 @@
 """The planner: model specs, GPU / quantization catalogs, and the memory / speed / cost estimate."""
 
-from backend.planner.advise import Fix, compare_gpus, estimate, recommend, suggest_fixes
+from backend.planner.advise import Fix, compare_gpus, estimate, suggest_fixes
 from backend.planner.catalog import (
     get_gpu,
     get_kv_cache_dtype,
@@ -12,6 +12,7 @@ from backend.planner.catalog import (
 )
 from backend.planner.estimate import Estimate
 from backend.planner.hardware import detect_local_hardware
+from backend.planner.recommend import Recommendation, Targets, recommend, recommendation
 from backend.planner.request import PlanRequest, validate_request
 from backend.planner.sources import load_model_spec
 from backend.planner.specs import ModelSpec, count_params
@@ -21,6 +22,8 @@ __all__ = [
     "Fix",
     "ModelSpec",
     "PlanRequest",
+    "Recommendation",
+    "Targets",
     "compare_gpus",
     "count_params",
     "detect_local_hardware",
@@ -34,6 +37,7 @@ __all__ = [
     "list_quantizations",
     "load_model_spec",
     "recommend",
+    "recommendation",
     "suggest_fixes",
     "validate_request",
 ]

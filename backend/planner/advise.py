@@ -1,6 +1,5 @@
 """The public estimate and the advice on top of it: fixes for a plan that does not fit (with the
-concurrency the first one gives), every GPU side by side, and the cheapest (GPU, count, quantization)
-that fits and meets optional latency / throughput targets."""
+concurrency the first one gives) and every GPU side by side (the recommendation is in recommend.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +13,6 @@ from backend.planner.sources import load_model_spec
 from backend.planner.specs import ModelSpec
 
 GPU_COUNTS = (1, 2, 4, 8)
-# Quantizations the recommendation tries, from best quality down; each engine keeps those it loads.
-RECOMMEND_QUANTS = ("bf16", "fp8", "int8-w8a8", "awq-int4", "gguf-q8_0", "gguf-q4_k_m")
 
 
 @dataclass(slots=True, frozen=True)
@@ -38,26 +35,26 @@ def estimate(req: PlanRequest) -> Estimate:
     return est
 
 
-def _try(req: PlanRequest, spec: ModelSpec, **changes) -> Estimate | None:
+def try_estimate(req: PlanRequest, spec: ModelSpec, **changes) -> Estimate | None:
     try:
         return estimate_for_spec(replace(req, **changes), spec)
     except ValueError:
         return None
 
 
-def _tp_options(spec: ModelSpec, above: int) -> list[int]:
+def tp_options(spec: ModelSpec, above: int) -> list[int]:
     return [n for n in GPU_COUNTS if n > above and spec.num_attention_heads % n == 0]
 
 
 def _fit_with(req: PlanRequest, spec: ModelSpec, **changes) -> tuple[Estimate, str] | None:
     """The plan with `changes` if it fits, else with max_model_len lowered to what then fits
     (when that still holds one input_len + output_len request); the suffix names the second change."""
-    trial = _try(req, spec, **changes)
+    trial = try_estimate(req, spec, **changes)
     if trial is None or trial.fits:
         return (trial, "") if trial else None
     length = trial.max_model_len_single
     if trial.kv_cache_bytes > 0 and length >= req.input_len + req.output_len:
-        shorter = _try(req, spec, **changes, max_model_len=length)
+        shorter = try_estimate(req, spec, **changes, max_model_len=length)
         if shorter and shorter.fits:
             return shorter, f" and lower max_model_len to {length}"
     return None
@@ -91,14 +88,14 @@ def _fp8_kv_cache(req: PlanRequest, spec: ModelSpec, est: Estimate) -> Fix | Non
         "tgi",
     ):
         return None
-    trial = _try(req, spec, kv_cache_dtype="fp8")
+    trial = try_estimate(req, spec, kv_cache_dtype="fp8")
     if trial and trial.fits:
         return _fix("use an fp8 KV cache (--kv-cache-dtype fp8): half the KV bytes per token", trial)
     return None
 
 
 def _tensor_parallel(req: PlanRequest, spec: ModelSpec, est: Estimate) -> Fix | None:
-    for tp in _tp_options(spec, est.tp):
+    for tp in tp_options(spec, est.tp):
         if found := _fit_with(req, spec, tp=tp, num_gpus=tp * req.pp):
             trial, also = found
             text = (
@@ -113,7 +110,7 @@ def _shorter_context(req: PlanRequest, spec: ModelSpec, est: Estimate) -> Fix | 
     length = est.max_model_len_single
     if est.weights_bytes >= est.gpu_memory_bytes or length < req.input_len + req.output_len:
         return None
-    trial = _try(req, spec, max_model_len=length)
+    trial = try_estimate(req, spec, max_model_len=length)
     if trial and trial.fits:
         return _fix(f"lower max_model_len to {length} (the longest sequence the KV cache holds)", trial)
     return None
@@ -122,13 +119,13 @@ def _shorter_context(req: PlanRequest, spec: ModelSpec, est: Estimate) -> Fix | 
 def _more_utilization(req: PlanRequest, spec: ModelSpec, est: Estimate) -> Fix | None:
     if req.gpu_memory_utilization >= 0.95 or req.engine not in ("vllm", "sglang", "tgi", "mii"):
         return None
-    trial = _try(req, spec, gpu_memory_utilization=0.95)
+    trial = try_estimate(req, spec, gpu_memory_utilization=0.95)
     return _fix("raise gpu_memory_utilization to 0.95", trial) if trial and trial.fits else None
 
 
 def _bigger_gpu(req: PlanRequest, spec: ModelSpec, est: Estimate) -> Fix | None:
     gpus = [g for g in list_gpus() if g != est.gpu and (g != "CPU" or req.engine in CPU_ENGINES)]
-    bigger = [t for t in (_try(req, spec, gpu=g) for g in gpus) if t and t.fits]
+    bigger = [t for t in (try_estimate(req, spec, gpu=g) for g in gpus) if t and t.fits]
     if not bigger:
         return None
     best = min(bigger, key=lambda t: t.price_per_hour)
@@ -148,44 +145,3 @@ def compare_gpus(req: PlanRequest) -> list[Estimate]:
     spec = load_model_spec(req.model, req.revision)
     cpu_ok = req.engine in CPU_ENGINES
     return [estimate_for_spec(replace(req, gpu=g), spec) for g in list_gpus() if g != "CPU" or cpu_ok]
-
-
-def _meets(est: Estimate, req: PlanRequest, ttft_s, tpot_s, tokens_per_s) -> bool:
-    if not est.fits or est.max_concurrency < req.concurrency:
-        return False
-    if ttft_s is not None and (est.ttft_s is None or est.ttft_s > ttft_s):
-        return False
-    if tpot_s is not None and (est.tpot_s is None or est.tpot_s > tpot_s):
-        return False
-    return tokens_per_s is None or est.decode_tokens_per_s_total >= tokens_per_s
-
-
-def recommend(
-    req: PlanRequest,
-    ttft_s: float | None = None,
-    tpot_s: float | None = None,
-    tokens_per_s: float | None = None,
-) -> Estimate | None:
-    """The cheapest (GPU, count, quantization) per hour that fits req.concurrency sequences of
-    input_len + output_len tokens and meets the targets given; ties go to higher quality, then speed."""
-    spec = load_model_spec(req.model, req.revision)
-    cpu_ok = req.engine in CPU_ENGINES
-    quants = [q for q in RECOMMEND_QUANTS if req.engine in get_quantization(q).engines]
-    best: Estimate | None = None
-    for gpu in list_gpus():
-        if gpu == "CPU" and not cpu_ok:
-            continue
-        for count in [1, *_tp_options(spec, 1)]:
-            for quant in quants:
-                trial = _try(req, spec, gpu=gpu, num_gpus=count, tp=count, pp=1, quant=quant)
-                if trial is None or not _meets(trial, req, ttft_s, tpot_s, tokens_per_s):
-                    continue
-                key = (trial.price_per_hour, -get_quantization(quant).bits, -trial.decode_tokens_per_s_total)
-                if best is None or key < (
-                    best.price_per_hour,
-                    -get_quantization(best.quant).bits,
-                    -best.decode_tokens_per_s_total,
-                ):
-                    best = trial
-                break  # higher-quality quantizations come first: the rest only cost quality
-    return best
