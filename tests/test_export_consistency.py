@@ -13,6 +13,7 @@ from backend.export import ExportOptions, export_files
 from backend.planner import estimate
 from backend.planner.request import PlanRequest
 from tests.export_utils import flag_value, make_stubs, run_with_stubs, write_files
+from tests.flag_utils import invocations
 
 # engine -> (tensor parallel, max model length, max sequences, batched tokens) flags
 FLAGS = {
@@ -85,3 +86,40 @@ def test_gguf_engines_agree_on_context_per_sequence(tmp_path):
     embedded = launched_argv(files, "embedded", tmp_path / "embedded")
     assert int(flag_value(embedded, "--max-model-len")) == 2048
     assert int(flag_value(embedded, "--max-num-seqs")) == 8
+
+
+SERVED_FLAG = {"vllm": "--served-model-name", "sglang": "--served-model-name", "llamacpp": "--alias"}
+MODEL_FLAG = {"vllm": None, "sglang": "--model-path", "llamacpp": "-m", "tgi": "--model-id"}  # None: first
+
+
+@pytest.mark.parametrize(
+    "req",
+    [
+        PlanRequest(model="/models/my models/Llama-3.1-8B-Instruct-Q4_K_M.gguf", quant="Q4_K_M"),
+        PlanRequest(model="/models/my models/Llama-3.1-8B-Instruct", max_model_len=8192),
+    ],
+    ids=["gguf", "folder"],
+)
+def test_a_local_model_is_served_by_its_name_and_loaded_from_its_path(req):
+    """No served_model_name: every command in every format loads the path as given (quoted: it has a space)
+    and serves the model under its name, the file's stem without its type as llama.cpp names it (before,
+    the path was the served name); the clients and the Ollama model ask for that name."""
+    name = "Llama-3.1-8B-Instruct"
+    files = export_files(req, ExportOptions(), engines="all", formats="all", strict=False)
+    seen = set()
+    for path, text in files.items():
+        engine = path.split("/")[0]
+        for args in invocations(path, text, engine) if engine in MODEL_FLAG else []:
+            flag = MODEL_FLAG[engine]
+            assert (flag_value(args, flag) if flag else args[0]) == req.model, f"{path}: {args}"
+            if engine in SERVED_FLAG:
+                assert flag_value(args, SERVED_FLAG[engine]) == name, f"{path}: {args}"
+            seen.add(engine)
+    engines = {p.split("/")[0] for p in files if p != "README.md"}
+    assert seen == engines & set(MODEL_FLAG) and len(seen) >= 2, (seen, engines)
+    for engine in engines - {"ollama", "tgi", "trtllm", "mii"}:  # those answer to the model id or Ollama's
+        assert f'"model": "{name}"' in files[f"{engine}/client.sh"], engine
+    if "ollama" in engines:
+        assert "ollama create llama-3.1-8b-instruct" in files["ollama/launch.sh"]
+        assert f'FROM "{req.model}"' in files["ollama/Modelfile"]
+    assert f"served as `{name}`" in files["README.md"]

@@ -438,3 +438,23 @@ def test_external_server_runs_the_exported_command_fake_vllm_executable(tmp_path
     process = servers.get("vllm").process
     assert "msg-ok" in external.stop(servers, "vllm") and process.poll() is not None
     assert is_error(external.stop(servers, "vllm"), "no vllm server")
+
+
+def test_external_server_of_a_local_model_is_asked_for_the_name_it_serves_fake_vllm_executable(
+    tmp_path, monkeypatch
+):
+    """A local folder launched here is served under its name (the exported --served-model-name, no longer
+    its path), and the server's served_name, which the Chat, Benchmark and Compare tabs send, is that name."""
+    record, fake = tmp_path / "argv.txt", tmp_path / "vllm"
+    fake.write_text(f'#!/bin/sh\necho "$@" > {record}\nexec sleep 60\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    folder = tmp_path / "My-Model"
+    folder.mkdir()
+    servers = ExternalServers()
+    server = servers.start(PlanRequest(model=str(folder), max_model_len=4096), "vllm", port=8012)
+    try:
+        assert server.served_name == "My-Model"
+        assert f"vllm serve {folder} " in server.command and "--served-model-name My-Model" in server.command
+    finally:
+        servers.stop_all()

@@ -129,7 +129,9 @@ def build(ctx: AppContext, plan_state: gr.State) -> None:
                 form["host"] = gr.Textbox("127.0.0.1", label="Bind address (containers use 0.0.0.0 inside)")
                 form["port"] = form_number(8000, label="Port", precision=0, minimum=1, maximum=65535)
             with gr.Row():
-                form["served"] = gr.Textbox("", label="served_model_name (empty = model id)")
+                form["served"] = gr.Textbox(
+                    "", label="served_model_name (empty = the Hub id, or a local file's or folder's name)"
+                )
                 form["api_key"] = gr.Textbox("", label="API key env var (e.g. VLLM_API_KEY; empty = no key)")
             form["speculative"] = gr.Dropdown(
                 ["off", "ngram", "eagle3", "draft_model"], value="off", label="Speculative decoding"

@@ -27,7 +27,7 @@ class ExportOptions:
 
     host: str = "127.0.0.1"  # address the launch command binds; containers bind 0.0.0.0 inside
     port: int = 8000
-    served_model_name: str | None = None  # None = the model id
+    served_model_name: str | None = None  # None = the model's name (a Hub id; a local file or folder's name)
     api_key_env: str | None = None  # e.g. "VLLM_API_KEY": clients must send this key
     hf_token_env: str = "HF_TOKEN"  # passed through (by name) to download gated models
     dtype: str = "auto"

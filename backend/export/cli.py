@@ -49,7 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve = parser.add_argument_group("server")
     serve.add_argument("--host", default="127.0.0.1", help="address the server binds (default: 127.0.0.1)")
     serve.add_argument("--port", type=port_number, default=8000)
-    serve.add_argument("--served-model-name", default=None)
+    serve.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the name clients send (default: the Hub id, or a local .gguf's or folder's name, not its path)",
+    )
     serve.add_argument("--api-key-env", default=None, help="name of the env variable holding the API key")
     serve.add_argument(
         "--hf-token-env", default="HF_TOKEN", help="name of the env variable holding the Hub token"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backend.export.base import ExportOptions, check_model, check_options, check_revision, is_local_path
+from backend.model_names import served_model_name
 from backend.planner.request import PlanRequest
 from backend.planner.vllm_rules import with_scheduler_defaults
 
@@ -232,7 +233,7 @@ def resolve(req: PlanRequest, options: ExportOptions) -> ExportPlan:
         options=options,
         model=model,
         local=is_local_path(checkpoint),
-        served_name=options.served_model_name or model,
+        served_name=options.served_model_name or served_model_name(model),  # a local file: its name
         tp=tp,
         pp=pp,
         dp=req.dp,

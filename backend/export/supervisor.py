@@ -18,8 +18,8 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from backend.export.base import ExportOptions
-from backend.export.files import main_command
-from backend.export.plan import resolve
+from backend.export.files import EXPORTERS, main_command
+from backend.export.plan import ExportPlan, resolve
 from backend.export.process import ManagedServer
 from backend.planner.request import PlanRequest
 
@@ -91,15 +91,18 @@ def has_gpu() -> bool:
     return shutil.which("nvidia-smi") is not None
 
 
-def launch_command(req: PlanRequest, engine: str, port: int, enforce_eager: bool | None = None) -> str:
-    """The exported launch command (every value shell-quoted by the exporter) for this plan. By default
-    (enforce_eager None: the Launch tab) vLLM runs eager without a GPU: its CPU build's torch.compile takes
-    minutes here and its compiled graph answered differently from the eager one and from transformers
-    (vLLM 0.32.0 CPU, torch 2.13). Compare passes False: a speed comparison runs vLLM as it runs by
-    default."""
+def launch_plan(req: PlanRequest, engine: str, port: int, enforce_eager: bool | None = None) -> ExportPlan:
+    """The plan as the exporter resolves it for a server here on 127.0.0.1:port. By default (enforce_eager
+    None: the Launch tab) vLLM runs eager without a GPU: its CPU build's torch.compile takes minutes here
+    and its compiled graph answered differently from the eager one and from transformers (vLLM 0.32.0 CPU,
+    torch 2.13). Compare passes False: a speed comparison runs vLLM as it runs by default."""
     eager = engine == "vllm" and not has_gpu() if enforce_eager is None else enforce_eager
-    options = ExportOptions(host="127.0.0.1", port=port, enforce_eager=eager)
-    return main_command(resolve(req, options), engine)
+    return resolve(req, ExportOptions(host="127.0.0.1", port=port, enforce_eager=eager))
+
+
+def launch_command(req: PlanRequest, engine: str, port: int, enforce_eager: bool | None = None) -> str:
+    """The exported launch command (every value shell-quoted by the exporter) for launch_plan."""
+    return main_command(launch_plan(req, engine, port, enforce_eager), engine)
 
 
 def launch_env(engine: str) -> dict[str, str]:
@@ -124,7 +127,7 @@ class ExternalServers:
         self, req: PlanRequest | None, engine: str, port: int | None = None, enforce_eager: bool | None = None
     ) -> ManagedServer:
         """Start the engine's server for the plan (port None or 0: a free one; enforce_eager as in
-        launch_command); ValueError when it cannot."""
+        launch_plan); ValueError when it cannot."""
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         if not installed(engine):
@@ -136,8 +139,10 @@ class ExternalServers:
             if running is not None and running.alive():
                 raise ValueError(f"{engine} is already running (pid {running.pid}); stop it first")
             port = port or free_port()
-            command = launch_command(req, engine, port, enforce_eager)
-            server = ManagedServer(engine, command, port, launch_env(engine), served_name=req.model, cwd=ROOT)
+            plan = launch_plan(req, engine, port, enforce_eager)
+            command, env = main_command(plan, engine), launch_env(engine)
+            name = EXPORTERS[engine].client_model(plan)  # what the command serves the model as
+            server = ManagedServer(engine, command, port, env, served_name=name, cwd=ROOT)
             server.plan = req
             server.start()
             self.servers[engine] = server
