@@ -6,14 +6,18 @@ Each YAML/JSON file is read once (the UI recomputes estimates on every input cha
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
 import yaml
 
+from backend.planner.cpu_host import CPUHost, local_cpu_host
+from backend.planner.cpu_speed import ISA_RATES
+
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 GIB = 1024**3
+LOCAL_CPU = "local-CPU"  # this machine's CPU (cpu_host.local_cpu_host): plans of the engine that runs here
 
 
 @dataclass(slots=True, frozen=True)
@@ -32,6 +36,11 @@ class GPU:
     price_per_hour: float
     price_source: str
     fp4_native: bool = False  # FP4 tensor cores (Blackwell): vLLM runs MXFP4/NVFP4 weights as stored
+    cpu: CPUHost | None = None  # a CPU host: its cores and ISA (the embedded engine's speed, cpu_speed.py)
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.cpu is not None
 
     def flops(self, compute: str) -> float:
         """Dense FLOP/s for a matmul type, falling back to bf16 where the GPU lacks the unit."""
@@ -78,9 +87,33 @@ def _gpus() -> dict[str, GPU]:
             price_per_hour=g["price_per_hour"],
             price_source=g["price_source"],
             fp4_native=bool(g.get("fp4_native", False)),
+            cpu=_cpu_host(g),
         )
         for name, g in data.items()
     }
+
+
+def _cpu_host(entry: dict) -> CPUHost | None:
+    if "cpu_cores" not in entry:
+        return None
+    return CPUHost(entry["cpu_cores"], entry["cpu_isa"], entry["bandwidth_tbs"] * 1e12)
+
+
+@cache
+def local_cpu() -> GPU:
+    """This machine's CPU as a catalog entry: the catalog CPU host's memory and price, this machine's cores
+    and ISA, no bandwidth figure (cpu_speed.py then bounds streaming by what each core draws)."""
+    host, base = local_cpu_host(), _gpus()["CPU"]
+    rates = ISA_RATES[host.isa]
+    return replace(
+        base,
+        name=LOCAL_CPU,
+        label=f"this machine's CPU ({host.cores} cores, {host.isa}; memory as the CPU entry)",
+        bandwidth_bytes_s=host.cores * rates.dram_bytes_s,
+        flops_bf16=host.cores * rates.gemm_flops,
+        ops_int8=None,
+        cpu=host,
+    )
 
 
 @cache
@@ -144,6 +177,8 @@ def _lookup(table: dict, name: str, what: str):
 
 
 def get_gpu(name: str) -> GPU:
+    if name.lower() == LOCAL_CPU.lower():
+        return local_cpu()
     return _lookup(_gpus(), name, "GPU")
 
 

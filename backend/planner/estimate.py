@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from backend.planner import memory, speed
+from backend.planner import cpu_speed, memory, speed
 from backend.planner.catalog import GIB, get_gpu, get_kv_cache_dtype
 from backend.planner.memory_plan import (
     CONTEXT_ENGINES,
@@ -15,6 +15,7 @@ from backend.planner.memory_plan import (
     MemoryPlan,
     longest_sequence,
     plan_memory,
+    runs_as_stored,
 )
 from backend.planner.request import PlanRequest, resolve_quant, validate_request
 from backend.planner.specs import ModelSpec
@@ -103,22 +104,43 @@ def _capacity(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) 
 
 
 def _speed(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan, max_conc: int) -> Speed:
-    """Roofline decode and prefill times for the workload (speed.py)."""
+    """Decode and prefill times for the workload: the roofline (speed.py), or on a CPU host the embedded
+    engine's own parts (cpu_speed.py)."""
     tp, pp = lay.tp, req.pp
     replicas = req.num_gpus // (tp * pp)
     batch = max(min(req.concurrency, max_conc), 1)
     avg_context = req.input_len + req.output_len // 2
     ctx_bytes = memory.kv_bytes_per_sequence(spec, avg_context, plan.kv_element_bytes, tp, pp, req.block_size)
+    if req.engine == "embedded" and lay.gpu.cpu is not None:
+        step, prefill = _cpu_times(req, spec, lay, plan, batch, ctx_bytes)
+        return Speed(batch, step, prefill, batch / step * replicas, req.input_len / prefill * replicas)
     weights_total = plan.weights * tp * pp
     par = speed.Parallel(tp, pp)
     step = speed.decode_step_seconds(
         spec, lay.quant, lay.gpu, par, weights_total, batch, ctx_bytes, avg_context
     )
     prefill = speed.prefill_seconds(spec, lay.quant, lay.gpu, par, weights_total, req.input_len)
-    if req.engine == "embedded" and lay.gpu.name == "CPU":  # a Python engine: dispatch cost per layer
-        step += spec.num_hidden_layers * speed.EMBEDDED_CPU_LAYER_OVERHEAD_S
-        prefill += spec.num_hidden_layers * speed.EMBEDDED_CPU_LAYER_OVERHEAD_S
     return Speed(batch, step, prefill, batch / step * replicas, req.input_len / prefill * replicas)
+
+
+def _cpu_times(
+    req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan, batch: int, ctx_bytes: float
+) -> tuple[float, float]:
+    """(decode step, prefill) seconds of the embedded engine on a CPU host: weights as it holds them
+    (quantized blocks as stored, else 16- or 32-bit), the captured decode step when the plan holds its
+    buffers (memory_plan: not with enforce_eager, fp32/fp16 weights or q/k-norm models)."""
+    assert lay.gpu.cpu is not None
+    matmul = speed.matmul_params(spec)
+    as_stored = runs_as_stored(spec, lay)
+    if as_stored:  # the checkpoint's bytes, less what the lookup-only input embedding holds
+        read = spec.weights_bytes * matmul / max(spec.params_total, 1)
+    else:
+        read = matmul * (4 if lay.quant.name == "fp32" else 2)
+    weights = cpu_speed.CPUWeights(read, matmul, spec.vocab_size * spec.hidden_size, as_stored)
+    captured = plan.cuda_graphs > 0
+    step = cpu_speed.decode_step_seconds(lay.gpu.cpu, spec, weights, batch, ctx_bytes, captured)
+    chunk = lay.limits.max_num_batched_tokens
+    return step, cpu_speed.prefill_seconds(lay.gpu.cpu, spec, weights, req.input_len, chunk)
 
 
 def _format_warnings(req: PlanRequest, spec: ModelSpec, lay: Layout) -> list[str]:
@@ -156,7 +178,7 @@ def _warnings(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan, 
             f"CUDA graphs (~{plan.cuda_graphs / GIB:.2f} GiB) exceed the {headroom / GIB:.2f} GiB outside "
             "gpu_memory_utilization; lower it or pass --enforce-eager"
         )
-    if lay.gpu.name == "CPU" and req.engine not in ("embedded", "llamacpp", "ollama"):
+    if lay.gpu.is_cpu and req.engine not in ("embedded", "llamacpp", "ollama"):
         warnings.append(f"{req.engine} needs a GPU; on a CPU-only host use engine 'embedded' or 'llamacpp'")
     if req.pp > 1:
         warnings.append("pipeline parallel: decode speed assumes no micro-batch overlap (a lower bound)")

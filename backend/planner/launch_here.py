@@ -19,7 +19,7 @@ from typing import Any
 from backend.default_model import DEFAULT_HUB_ID, DEFAULT_MODEL_NAME
 from backend.engine.config import KV_CACHE_DTYPES, EngineConfig, config_field
 from backend.planner.advise import estimate
-from backend.planner.catalog import list_presets
+from backend.planner.catalog import LOCAL_CPU, list_presets
 from backend.planner.hardware import LocalHardware
 from backend.planner.request import PlanRequest
 
@@ -97,7 +97,8 @@ def running_engine_request(
     enforce_eager: bool = False,
     **workload: Any,
 ) -> PlanRequest:
-    """The plan of the embedded engine as it runs here (from its config and stats): quant "auto" when it
+    """The plan of the embedded engine as it runs here (from its config and stats), on this machine's CPU
+    (catalog.LOCAL_CPU: its cores and ISA set the speed figures): quant "auto" when it
     computes from the checkpoint as stored, else the dtype it holds the weights in; its max_model_len, with
     a workload inside it unless one is given; its max_num_seqs, and enforce_eager when it captured no decode
     step (stats' decode_graph_bytes 0), which size the captured step's buffers. The one place the Launch
@@ -110,7 +111,7 @@ def running_engine_request(
         workload.setdefault("output_len", max(min(256, max_model_len - workload["input_len"]), 1))
     return PlanRequest(
         model=model,
-        gpu="CPU",
+        gpu=LOCAL_CPU,
         engine="embedded",
         quant=quant,
         kv_cache_dtype=kv,

@@ -65,13 +65,18 @@ def _gib(nbytes: float) -> str:
     return f"{nbytes / GIB:.2f} GiB"
 
 
+def runs_as_stored(spec: ModelSpec, lay: Layout) -> bool:
+    """The embedded engine computes from the checkpoint's quantized blocks (the rest it dequantizes)."""
+    return lay.quant.name == spec.checkpoint_dtype in EMBEDDED_AS_STORED
+
+
 def _weights(req: PlanRequest, spec: ModelSpec, lay: Layout) -> tuple[int, float]:
     """(weight bytes per GPU, bytes per KV element) as the engine loads them."""
     per_replica = lay.tp * req.pp
     if req.engine == "embedded":  # GGUF of a kept type runs as stored; the rest is dequantized at load
         dtype_bytes = 4 if lay.quant.name == "fp32" else 2
         kv_bytes = dtype_bytes if req.kv_cache_dtype == "auto" else lay.kv_dtype.bytes
-        as_stored = lay.quant.name == spec.checkpoint_dtype in EMBEDDED_AS_STORED
+        as_stored = runs_as_stored(spec, lay)
         if as_stored:
             weights = spec.weights_bytes // per_replica
         else:
@@ -79,7 +84,7 @@ def _weights(req: PlanRequest, spec: ModelSpec, lay: Layout) -> tuple[int, float
                 math.ceil(spec.params_total - spec.params_by_kind.get("mtp", 0)) * dtype_bytes // per_replica
             )
         dense_embedding = not (as_stored and spec.checkpoint_dtype.startswith("gguf"))
-        if lay.gpu.name == "CPU" and spec.tie_word_embeddings and dense_embedding:  # its packed lm_head copy
+        if lay.gpu.is_cpu and spec.tie_word_embeddings and dense_embedding:  # its packed lm_head copy
             weights += spec.vocab_size * spec.hidden_size * dtype_bytes
         return weights, kv_bytes
     repacked = req.engine == "vllm" and not lay.gpu.fp4_native
@@ -91,7 +96,7 @@ def _weights(req: PlanRequest, spec: ModelSpec, lay: Layout) -> tuple[int, float
 def _base_plan(req: PlanRequest, spec: ModelSpec, lay: Layout) -> MemoryPlan:
     weights, kv_bytes = _weights(req, spec, lay)
     tp, pp, bs, max_len = lay.tp, req.pp, req.block_size, lay.max_model_len
-    on_gpu = lay.gpu.name != "CPU"
+    on_gpu = not lay.gpu.is_cpu
     return MemoryPlan(
         weights=weights,
         kv_element_bytes=kv_bytes,
@@ -172,7 +177,7 @@ def _decode_graph_shape(req: PlanRequest, spec: ModelSpec, lay: Layout) -> Decod
     serve every projection (backend/engine/decode_graph.py; a running engine's plan says enforce_eager when
     it did not capture: launch_here.running_engine_request)."""
     uncaptured = lay.quant.name in ("fp32", "fp16") or spec.model_type in QK_NORM_MODEL_TYPES
-    if lay.gpu.name != "CPU" or req.enforce_eager or uncaptured:
+    if not lay.gpu.is_cpu or req.enforce_eager or uncaptured:
         return None
     return DecodeGraphShape(
         spec.hidden_size,
@@ -192,7 +197,7 @@ def _embedded(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) 
     tokens = min(lay.limits.max_num_batched_tokens, 512)
     max_num_seqs = lay.limits.max_num_seqs
     plan.activation = memory.activation_bytes(spec, tokens, lay.tp, max_num_seqs)
-    on_cpu = lay.gpu.name == "CPU"
+    on_cpu = lay.gpu.is_cpu
     budget = memory.kv_budget_bytes(
         "embedded", lay.gpu.usable_bytes, 1.0, plan.weights, plan.activation, plan.overhead, on_cpu
     )

@@ -1,4 +1,5 @@
 """Roofline speed and cost: prefill is bound by FLOPs, decode by memory bandwidth (weights + KV reads).
+The embedded engine on a CPU host has its own model (cpu_speed.py).
 
 Efficiencies are stated constants; the README section "How the estimate is computed" gives their sources
 and the error to expect.
@@ -13,10 +14,6 @@ from backend.planner.specs import ModelSpec
 
 ETA_MEM = 0.8  # achieved / peak memory bandwidth in decode (REFERENCE.md: ~0.8)
 ETA_FLOPS = 0.6  # achieved / peak dense tensor FLOPs in prefill and large-batch decode (REFERENCE.md: <= 0.7)
-# The embedded engine on a CPU: per layer and step, the op dispatch and thread wake-ups that the roofline
-# ignores. Measured: SmolLM2-135M (30 layers) decodes one sequence at 36-42 tok/s on a 2-core AVX-512 host
-# (24-28 ms per step, of which the roofline explains ~3 ms).
-EMBEDDED_CPU_LAYER_OVERHEAD_S = 0.75e-3
 ALLREDUCE_LATENCY_S = 8e-6  # one small all-reduce over NVLink/PCIe (two per layer with tensor parallel)
 
 
