@@ -37,7 +37,7 @@ class Row:
         return self.predicted / self.measured
 
 
-def batch_decode_rates(engines: dict, prompts: list[list[int]], tokens: int, repeats: int) -> dict[str, float]:
+def batch_decode_rates(engines: dict, prompts: list[list[int]], tokens: int, repeats: int) -> dict:
     """Decode tokens/s of each engine with len(prompts) sequences: the batch's time for `tokens` tokens
     less its time for 1 (bench/quantized_formats.batch_rates, which times whole batches)."""
     many = batch_rates(engines, prompts, tokens, repeats)
@@ -111,7 +111,9 @@ def measure(engines: dict, args: argparse.Namespace) -> list[Row]:
 def print_rows(rows: list[Row]) -> None:
     print(f"\n{'metric':<26}{'engine':<24}{'measured':>11}{'predicted':>11}{'pred / meas':>13}")
     for row in rows:
-        print(f"{row.metric:<26}{row.engine:<24}{row.measured:>11.3f}{row.predicted:>11.3f}{row.ratio:>12.2f}x")
+        print(
+            f"{row.metric:<26}{row.engine:<24}{row.measured:>11.3f}{row.predicted:>11.3f}{row.ratio:>12.2f}x"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
