@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from backend.planner.cpu_host import CPUHost, local_cpu_host
-from backend.planner.cpu_speed import ISA_RATES
+from backend.planner.cpu_speed import dram_bytes_s, gemm_flops
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 GIB = 1024**3
@@ -102,15 +102,14 @@ def _cpu_host(entry: dict) -> CPUHost | None:
 @cache
 def local_cpu() -> GPU:
     """This machine's CPU as a catalog entry: the catalog CPU host's memory and price, this machine's cores
-    and ISA, no bandwidth figure (cpu_speed.py then bounds streaming by what each core draws)."""
+    and ISA, no bandwidth figure (cpu_speed.dram_bytes_s then assumes what the EPYC VM's cores draw)."""
     host, base = local_cpu_host(), _gpus()["CPU"]
-    rates = ISA_RATES[host.isa]
     return replace(
         base,
         name=LOCAL_CPU,
         label=f"this machine's CPU ({host.cores} cores, {host.isa}; memory as the CPU entry)",
-        bandwidth_bytes_s=host.cores * rates.dram_bytes_s,
-        flops_bf16=host.cores * rates.gemm_flops,
+        bandwidth_bytes_s=dram_bytes_s(host),
+        flops_bf16=gemm_flops(host, is_quantized=False),
         ops_int8=None,
         cpu=host,
     )

@@ -1,14 +1,14 @@
 """The embedded engine's speed on a CPU: a decode step and a prefill as the sum of their parts, with per-ISA
-rates (speed.py's GPU roofline takes the larger of two bounds; on a CPU the parts do not overlap).
+rates (speed.py's GPU roofline is the first part only).
 
-decode step = weights streamed / (cores x a core's streaming rate, capped by the host's bandwidth)
-            + batch x 2 x matmul params / (cores x GEMM FLOP/s)          the products
-            + batch x KV bytes / (the same streaming rate)               attention's reads
+decode step = max(weights read / stream rate,                            the GEMVs: memory or
+                  batch x 2 x matmul params / GEMM rate)                  compute, whichever is longer
+            + batch x KV bytes / stream rate                             attention's reads
             + layers x (small kernels: norms, RoPE, attention, SiLU; one thread, per row)
             + layers x eager dispatch (only with enforce_eager: no captured step)
             + host work (scheduler, sampler, outputs; per step and per sequence)
-prefill = (2 x params without lm_head x tokens + attention FLOPs) / (cores x GEMM FLOP/s x step efficiency)
-          + one eager pass's dispatch + host work
+prefill = (2 x params without lm_head x tokens + attention FLOPs) / (GEMM rate x step efficiency)
+          + per chunk: one eager pass's dispatch and host work
 
 Each rate names where it was measured; the README section "How the estimate is computed" lists them and
 the benchmark that checks the whole (`python -m backend.bench.planner_speed`).
@@ -22,24 +22,34 @@ from backend.planner.cpu_host import CPUHost, CPUIsa
 from backend.planner.specs import ModelSpec
 
 ETA_MEM_CPU = 0.8  # achieved / peak DRAM bandwidth when the host's figure is known (speed.ETA_MEM)
-# A prefill step's GEMM FLOPs over cores x the GEMM's one-thread rate: 1,348 prompt tok/s at 2,048 tokens a
-# step on 2 cores (quiet, step_profile --prefill-tokens 2048: 286 GFLOP/s of 2 x 205) = 0.70; the rest is
-# attention, RoPE, norms and the KV pool's first page writes (README "The prefill step").
-PREFILL_STEP_EFFICIENCY = 0.70
-EAGER_LAYER_S = 0.12e-3  # enforce_eager: a layer's torch dispatch per step (captured vs eager, see below)
+# DRAM a host without a bandwidth figure gives (this machine): one core alone draws 23-24 GB/s (a one-thread
+# Q4_1 batch-1 step: 96.5 MB in 5.6 ms less 1.4 ms of small kernels and host work), all cores ~17 GB/s
+# each (two threads, bf16 batch-1 step: 269 MB ~105 times a second less the same). 2-core AMD EPYC VM.
+DRAM_ONE_CORE_BYTES_S = 24e9
+DRAM_PER_CORE_BYTES_S = 17e9
+# GEMM FLOP/s on n > 1 threads / n x one thread's: a 2,048-token prefill step, 2,672 ms of one-thread CPU
+# time against 1,348 tok/s on two (README "The prefill step").
+THREAD_EFFICIENCY = 0.88
+# A prefill's GEMM FLOPs / time over the GEMM's own rate: the rest of the step is attention, RoPE, norms
+# and the KV pool's first page writes. One thread, 512-token TTFT of bf16: 0.726 s = 164 GFLOP/s of 205.
+PREFILL_STEP_EFFICIENCY = 0.80
+# enforce_eager: a layer's torch dispatch per step. Captured vs eager, batch 1 (planner_speed --with-eager,
+# and README stops 27/28): +2.1 to +6.4 ms a step over 30 layers, 0.07-0.21 ms a layer.
+EAGER_LAYER_S = 0.15e-3
 STEP_HOST_S = 0.3e-3  # per step: scheduling, inputs, sampling (stop 28 timers: 0.12 + 0.09 ms + the loop)
 SEQUENCE_HOST_S = 30e-6  # per sequence and step: argmax of its logits row (~14 us) and its output
-QUANTIZED_GEMM_SHARE = 0.85  # a quantized GEMM's FLOP rate / the dense one's (Q4_1 3072x576 at 16 rows:
-# 304 us vs gemm_bf16's 265 us, one thread, README; TTFT of 512 tokens Q4_1 vs bf16 in planner_speed)
+# A quantized GEMM's FLOP rate / the dense one's, bf16 activations (one thread, planner_speed: 512-token
+# TTFT Q4_1 0.905 s vs bf16 0.726 s = 0.80; batch-16 decode products 0.85)
+QUANTIZED_GEMM_SHARE = 0.82
 
 
 @dataclass(slots=True, frozen=True)
 class IsaRates:
-    """Per-core rates of the engine's kernels on one instruction set, each with its source."""
+    """One core's rates for the engine's kernels on one instruction set; `source` says where from."""
 
     gemm_flops: float  # dense GEMM FLOP/s, one thread (bf16 where fast, else fp32)
-    dram_bytes_s: float  # bytes/s one core's GEMV streams from DRAM (dense weights, KV)
-    quantized_bytes_s: float  # bytes/s one core's quantized GEMV (GGUF/GPTQ blocks) decodes, hot in cache
+    dense_gemv_bytes_s: float  # bytes/s one core's dense GEMV (1-8 rows) streams
+    quantized_gemv_bytes_s: float  # bytes/s one core's quantized GEMV (GGUF/GPTQ blocks) decodes
     layer_s: float  # one layer's small kernels in a batch-1 step, one thread
     layer_row_s: float  # what each further row adds to them
     source: str
@@ -49,40 +59,40 @@ class IsaRates:
 ISA_RATES: dict[CPUIsa, IsaRates] = {
     "avx512_bf16": IsaRates(
         gemm_flops=205e9,  # gemm_bf16 at prefill sizes, 205-218 GFLOP/s (README "The prefill step")
-        dram_bytes_s=16e9,  # bf16 batch-1 step: 269 MB read ~100 times a second on 2 cores (README)
-        quantized_bytes_s=27e9,  # Q4_1 3072x576, 1 row: 1.1 MB in 39-44 us, one thread (README)
+        dense_gemv_bytes_s=18e9,  # one-thread bf16 batch-1 step: 269 MB in 16.3 ms less 1.4 ms
+        quantized_gemv_bytes_s=27e9,  # Q4_1 3072x576, 1 row: 1.1 MB in 39-44 us, one thread (README)
         layer_s=37e-6,  # kernel_bench --rows 1 16 --threads 1: 2 add_rms_norm, rope, attention, SiLU
         layer_row_s=7e-6,
         source="2-core AMD EPYC, AVX-512 BF16 (gemm_bf16, interleaved quantized GEMV); measured",
     ),
     "amx": IsaRates(
         gemm_flops=160e9,  # oneDNN with AMX: 512-token TTFT 0.47-0.49 s on a 2-core Xeon (README table)
-        dram_bytes_s=16e9,  # not measured on AMX: as the EPYC (unverified)
-        quantized_bytes_s=27e9,  # the same AVX-512 BF16 quantized kernels (unverified on AMX)
+        dense_gemv_bytes_s=18e9,  # the same gemm_bf16 GEMV for 1-8 rows (unverified on AMX)
+        quantized_gemv_bytes_s=27e9,  # the same AVX-512 BF16 quantized kernels (unverified on AMX)
         layer_s=37e-6,
         layer_row_s=7e-6,
         source="2-core Xeon with AMX: prefill from the README's TTFT; the rest as AVX-512 BF16 (unverified)",
     ),
     "avx512": IsaRates(
         gemm_flops=74e9,  # fp32 (no fast bf16): MKL sgemm 512x576x3072, one thread, AVX-512, this EPYC
-        dram_bytes_s=16e9,
-        quantized_bytes_s=16e9,  # fp32 products instead of bf16 dot products (unverified)
+        dense_gemv_bytes_s=18e9,  # fp32 weights through oneDNN / MKL (unverified)
+        quantized_gemv_bytes_s=16e9,  # fp32 products instead of bf16 dot products (unverified)
         layer_s=45e-6,
         layer_row_s=9e-6,
         source="fp32 GEMM measured with MKL_ENABLE_INSTRUCTIONS=AVX512 on the EPYC; the rest estimated",
     ),
     "avx2": IsaRates(
         gemm_flops=68e9,  # fp32: MKL sgemm 512x576x3072, one thread, MKL_ENABLE_INSTRUCTIONS=AVX2, the EPYC
-        dram_bytes_s=16e9,
-        quantized_bytes_s=13e9,  # the AVX2 quantized paths, half of AVX-512 BF16's (unverified)
+        dense_gemv_bytes_s=16e9,  # fp32 weights through oneDNN / MKL (unverified)
+        quantized_gemv_bytes_s=13e9,  # the AVX2 quantized paths, half of AVX-512 BF16's (unverified)
         layer_s=55e-6,
         layer_row_s=11e-6,
         source="fp32 GEMM measured with MKL_ENABLE_INSTRUCTIONS=AVX2 on the EPYC; the rest estimated",
     ),
     "baseline": IsaRates(
         gemm_flops=20e9,
-        dram_bytes_s=10e9,
-        quantized_bytes_s=4e9,
+        dense_gemv_bytes_s=8e9,
+        quantized_gemv_bytes_s=4e9,
         layer_s=150e-6,
         layer_row_s=30e-6,
         source="no AVX2: the plain C++ kernels; estimated, not measured",
@@ -100,19 +110,23 @@ class CPUWeights:
     is_quantized: bool  # runs quantized blocks as stored (the quantized kernels)
 
 
-def stream_bytes_s(host: CPUHost, is_quantized: bool) -> float:
-    """Bytes/s the decode step's GEMVs stream on all cores: each core at its kernel's rate, capped by
-    what a core draws from DRAM and by the host's bandwidth when known."""
-    rates = ISA_RATES[host.isa]
-    per_core = min(rates.dram_bytes_s, rates.quantized_bytes_s) if is_quantized else rates.dram_bytes_s
-    total = host.cores * per_core
+def dram_bytes_s(host: CPUHost) -> float:
+    """What the host's DRAM gives all cores: 0.8 of its figure, else as measured on the EPYC VM."""
     if host.memory_bandwidth_bytes_s:
-        total = min(total, host.memory_bandwidth_bytes_s * ETA_MEM_CPU)
-    return total
+        return host.memory_bandwidth_bytes_s * ETA_MEM_CPU
+    return max(DRAM_ONE_CORE_BYTES_S, host.cores * DRAM_PER_CORE_BYTES_S)
+
+
+def stream_bytes_s(host: CPUHost, is_quantized: bool) -> float:
+    """Bytes/s the decode step's GEMVs stream on all cores: each at its kernel's rate, capped by DRAM."""
+    rates = ISA_RATES[host.isa]
+    per_core = rates.quantized_gemv_bytes_s if is_quantized else rates.dense_gemv_bytes_s
+    return min(host.cores * per_core, dram_bytes_s(host))
 
 
 def gemm_flops(host: CPUHost, is_quantized: bool) -> float:
-    rate = host.cores * ISA_RATES[host.isa].gemm_flops
+    """GEMM FLOP/s on all cores (threads past the first at THREAD_EFFICIENCY)."""
+    rate = host.cores * ISA_RATES[host.isa].gemm_flops * (THREAD_EFFICIENCY if host.cores > 1 else 1.0)
     return rate * QUANTIZED_GEMM_SHARE if is_quantized else rate
 
 
@@ -127,23 +141,21 @@ def decode_step_seconds(
     rates = ISA_RATES[host.isa]
     layers = spec.num_hidden_layers
     streamed = weights.bytes_read / stream_bytes_s(host, weights.is_quantized)
-    kv = batch * kv_bytes_per_seq / stream_bytes_s(host, False)
     products = batch * 2 * weights.matmul_params / gemm_flops(host, weights.is_quantized)
+    kv = batch * kv_bytes_per_seq / stream_bytes_s(host, False)
     small = layers * (rates.layer_s + (batch - 1) * rates.layer_row_s)
     eager = 0.0 if captured else layers * EAGER_LAYER_S
-    return streamed + kv + products + small + eager + host_seconds(batch)
+    return max(streamed, products) + kv + small + eager + host_seconds(batch)
 
 
 def prefill_seconds(
     host: CPUHost, spec: ModelSpec, weights: CPUWeights, tokens: int, chunk_tokens: int
 ) -> float:
     """Seconds to prefill one prompt of `tokens` tokens on an idle engine, in chunks of at most chunk_tokens
-    (max_num_batched_tokens), each an eager pass that streams the weights once; causal attention."""
+    (max_num_batched_tokens), each an eager pass; causal attention; lm_head for the sampled row only."""
     chunks = -(-tokens // max(chunk_tokens, 1))
     params = weights.matmul_params - weights.lm_head_params
     attention = 4 * spec.num_hidden_layers * spec.num_attention_heads * spec.head_dim * tokens * tokens / 2
     flops = 2 * params * tokens + 2 * weights.lm_head_params + attention
     compute = flops / (gemm_flops(host, weights.is_quantized) * PREFILL_STEP_EFFICIENCY)
-    per_chunk = weights.bytes_read / stream_bytes_s(host, weights.is_quantized)
-    per_chunk += spec.num_hidden_layers * EAGER_LAYER_S + host_seconds(1)
-    return compute + chunks * per_chunk
+    return compute + chunks * (spec.num_hidden_layers * EAGER_LAYER_S + host_seconds(1))
