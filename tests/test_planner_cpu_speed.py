@@ -148,3 +148,16 @@ def test_the_local_plan_of_the_default_model_is_on_this_machines_cores(gguf):
     assert local.gpu == LOCAL_CPU and catalog.gpu == "CPU"
     assert local.weights_bytes == catalog.weights_bytes  # memory as the catalog host, speed as this one
     assert local.kv_cache_bytes == catalog.kv_cache_bytes
+
+
+def test_a_host_without_fast_bf16_captures_no_decode_step(gguf, spec):
+    """The capturing kernels are built for AVX-512 BF16 / AMX: elsewhere every step runs eagerly."""
+    from backend.planner.catalog import GPU
+    from backend.planner.estimate import _layout
+    from backend.planner.memory_plan import plan_memory
+
+    req = plan(gguf)
+    lay = _layout(req, spec)
+    avx2: GPU = replace(lay.gpu, cpu=CPUHost(2, "avx2"))
+    assert plan_memory(req, spec, lay).cuda_graphs > 0
+    assert plan_memory(req, spec, replace(lay, gpu=avx2)).cuda_graphs == 0

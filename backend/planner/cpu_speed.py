@@ -66,7 +66,7 @@ ISA_RATES: dict[CPUIsa, IsaRates] = {
         source="2-core AMD EPYC, AVX-512 BF16 (gemm_bf16, interleaved quantized GEMV); measured",
     ),
     "amx": IsaRates(
-        gemm_flops=160e9,  # oneDNN with AMX: 512-token TTFT 0.47-0.49 s on a 2-core Xeon (README table)
+        gemm_flops=175e9,  # oneDNN AMX: 512-token TTFT 0.47-0.49 s, 2 cores (README table) / 0.88 / 0.80
         dense_gemv_bytes_s=18e9,  # the same gemm_bf16 GEMV for 1-8 rows (unverified on AMX)
         quantized_gemv_bytes_s=27e9,  # the same AVX-512 BF16 quantized kernels (unverified on AMX)
         layer_s=37e-6,

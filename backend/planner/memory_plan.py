@@ -172,12 +172,13 @@ def _other_budget(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPl
 
 
 def _decode_graph_shape(req: PlanRequest, spec: ModelSpec, lay: Layout) -> DecodeGraphShape | None:
-    """The captured decode step's widths (None: not captured): on a CPU, unless enforce_eager, with bf16
-    compute (weights dequantized to bf16 or run as stored), as the engine captures where its native kernels
-    serve every projection (backend/engine/decode_graph.py; a running engine's plan says enforce_eager when
-    it did not capture: launch_here.running_engine_request)."""
+    """The captured decode step's widths (None: not captured): on a CPU with fast bf16 (AVX-512 BF16 or AMX,
+    which the capturing kernels are built for), unless enforce_eager, with bf16 compute (weights dequantized
+    to bf16 or run as stored), as the engine captures where its native kernels serve every projection
+    (backend/engine/decode_graph.py; a running engine's plan says enforce_eager when it did not capture:
+    launch_here.running_engine_request)."""
     uncaptured = lay.quant.name in ("fp32", "fp16") or spec.model_type in QK_NORM_MODEL_TYPES
-    if not lay.gpu.is_cpu or req.enforce_eager or uncaptured:
+    if lay.gpu.cpu is None or not lay.gpu.cpu.has_fast_bf16 or req.enforce_eager or uncaptured:
         return None
     return DecodeGraphShape(
         spec.hidden_size,
