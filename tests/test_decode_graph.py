@@ -1,6 +1,7 @@
 """The captured decode step (decode_graph.py) computes what the model's modules compute: every step's
 logits bit-identical to enforce_eager's, and so the same greedy tokens, on a tiny random bf16 model and on
-the default GGUF kept at Q4_1, with an fp8 KV cache, while batches shrink and grow, under preemption,
+the default GGUF kept at Q4_1, on a GGUF of K-types kept row by row (captured up to quant_gemv's 8 rows),
+with an fp8 KV cache, while batches shrink and grow, under preemption,
 with prefix-cache hits and with speculative decoding (its verify steps take the modules). A planted
 stale buffer fails the comparison. The embedding is one of the captured calls (a dense table's rows, the
 default GGUF's interleaved Q8_0 ones). Models the graph cannot serve keep the modules and say why."""
@@ -8,15 +9,15 @@ default GGUF's interleaved Q8_0 ones). Models the graph cannot serve keep the mo
 from __future__ import annotations
 
 import array
-from typing import Any
 
 import pytest
 import torch
 
 from backend.default_model import packaged_gguf
-from backend.engine import LLM, SamplingParams
+from backend.engine import LLM, SamplingParams, cpu_kernels
 from backend.engine.decode_graph import DecodeGraph
 from tests.engine_utils import assert_engine_clean, prompts, tiny_model
+from tests.gguf_utils import VOCAB, Q, write_tiny_gguf
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -48,15 +49,18 @@ def recorded(llm: LLM) -> dict[str, list]:
     return log
 
 
-def run_both(model: str, batch: list[list[int]], params: list[SamplingParams], **engine_kwargs: Any):
+def run_both(
+    model: str, batch: list[list[int]], params: list[SamplingParams], embeds: bool = True, **engine_kwargs
+):
     """(eager log, captured log, captured LLM) after generating batch with each; the token ids and every
-    step's logits are checked equal."""
+    step's logits are checked equal. embeds: the embedding is a captured call (a dense table or an
+    interleaved Q8_0 one)."""
     llms = {eager: LLM(model, dtype="bfloat16", device="cpu", enforce_eager=eager, **engine_kwargs)
             for eager in (True, False)}  # fmt: skip
     if llms[False].llm_engine.runner.decode_graph is None:
         pytest.skip("this CPU's kernels cannot capture the model (no AVX512_BF16 gemm_bf16 / interleaved)")
     assert llms[True].llm_engine.runner.decode_graph is None
-    assert llms[False].llm_engine.runner.decode_graph.embeds_in_graph  # dense table or interleaved Q8_0
+    assert llms[False].llm_engine.runner.decode_graph.embeds_in_graph == embeds
     logs = {eager: recorded(llm) for eager, llm in llms.items()}
     outputs = {eager: llm.generate(batch, params) for eager, llm in llms.items()}
     tokens = {eager: [out.outputs[0].token_ids for out in outs] for eager, outs in outputs.items()}
@@ -118,9 +122,27 @@ def test_speculative_verify_steps_take_the_modules():
 
 def test_default_gguf_q4_1_logits_equal_eager():
     batch, params = joining_batch()
-    _, captured, llm = run_both(str(packaged_gguf()), batch[:4], params[:4], max_num_seqs=3)
+    embeds = cpu_kernels.interleaved_available()  # its tied Q8_0 embedding is interleaved: a captured call
+    _, captured, llm = run_both(str(packaged_gguf()), batch[:4], params[:4], embeds, max_num_seqs=3)
     assert llm.llm_engine.quantization.startswith("gguf"), llm.llm_engine.quantization
     assert len(set(captured["graph_steps"])) >= 2
+
+
+def test_k_quant_gguf_rows_are_captured_up_to_the_gemv_row_limit(tmp_path):
+    """GGUF K-types stay row by row (not interleaved): quant_gemv serves them for up to 8 rows, as the eager
+    module does, the Q6_K lm_head's bf16 logits widened in place; a step with more rows runs the modules.
+    Nine requests, at most 10 at a time, finishing at different steps: batches of 9 and fewer."""
+    mixed = {"attn_q": Q.Q4_K, "attn_k": Q.Q4_K, "attn_v": Q.Q6_K, "attn_output": Q.Q4_0}
+    mixed |= {"ffn_gate": Q.Q4_1, "ffn_up": Q.Q6_K, "ffn_down": Q.Q4_K}
+    path = write_tiny_gguf(tmp_path / "tiny-k-quants.gguf", mixed, Q.Q4_K, output=Q.Q6_K)
+    batch = prompts(lengths=(5, 9, 3, 12, 7, 2, 4, 6, 8), seed=8, vocab=VOCAB)
+    params = [greedy(n) for n in (6, 9, 12, 14, 16, 18, 20, 22, 24)]
+    _, captured, llm = run_both(str(path), batch, params, embeds=False, max_num_seqs=10)
+    graph = llm.llm_engine.runner.decode_graph
+    assert graph.max_rows == 8 and graph.logits.dtype == torch.float32
+    assert "Q4_K" in llm.llm_engine.quantization and "Q6_K" in llm.llm_engine.quantization
+    sizes = set(captured["graph_steps"])
+    assert {1, 8} <= sizes and max(sizes) == 8, f"graph batch sizes {sorted(sizes)}"
 
 
 def test_a_stale_buffer_fails_the_comparison(monkeypatch):

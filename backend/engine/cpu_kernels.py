@@ -200,6 +200,8 @@ def _open(path: Path) -> ctypes.CDLL:
             getattr(library, f"interleaved_gemm_{qtype}").argtypes = INTERLEAVED_SIGNATURE
             getattr(library, f"interleaved_gemm_{qtype}").restype = None
         library.run_step_graph.argtypes = [PTR, INT, INT]
+        library.widen_bf16_rows.argtypes = [PTR, INT, INT]
+        library.widen_bf16_rows.restype = None
         library.run_step_graph.restype = None
         library.step_graph_op_size.restype = ctypes.c_int64
         library.quant_vector_width.restype = ctypes.c_int

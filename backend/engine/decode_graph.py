@@ -13,7 +13,8 @@ arguments (the decode kernel reads a row's first ceil(len / block_size) table en
 tables' width), so the logits are the eager path's bit for bit (tests/test_decode_graph.py).
 
 A step is captured-path only when every row is one plain decode that samples (no prefill chunk, no
-draft tokens); any other step takes the modules. `unsupported_reason` says why a model cannot be
+draft tokens) and its rows fit the kernels (GGUF blocks kept row by row, the K-types: quant_gemv's 8 rows,
+past which the eager module takes other kernels); any other step takes the modules. `unsupported_reason` says why a model cannot be
 captured at all (logged once when the engine starts).
 """
 
@@ -35,11 +36,11 @@ from backend.engine.graph_ops import (
     linear_ops,
     rms_norm_op,
     rope_and_cache_op,
+    row_limit,
     silu_and_mul_op,
     unsupported_linear,
 )
-from backend.engine.models.llama import DecoderLayer, Linear, LlamaForCausalLM, RMSNorm
-from backend.engine.quantization.quantized_linear import QuantizedLinear
+from backend.engine.models.llama import DecoderLayer, LlamaForCausalLM, RMSNorm
 from backend.engine.scheduler import ScheduledSeq
 
 
@@ -58,15 +59,19 @@ def unsupported_reason(model: LlamaForCausalLM, uses_decode_kernel: bool) -> str
     layers = decoder_layers(model)
     if not (layers[0].self_attn.use_kernel and layers[0].input_layernorm.use_kernel):
         return "RoPE, the cache write or the norms are not on the native kernels"
-    for layer in layers:
-        projections = [layer.self_attn.qkv_proj, layer.self_attn.o_proj]
-        projections += [layer.mlp.gate_up_proj, layer.mlp.down_proj]
-        reason = next((r for r in map(unsupported_linear, projections) if r), None)
-        if reason:
-            return reason
     if model.lm_head is None:
         return "a tied lm_head that is not prepared"
-    return unsupported_linear(model.lm_head)
+    dtype = model.norm.weight.dtype
+    return next((r for r in (unsupported_linear(p, dtype) for p in projections(model)) if r), None)
+
+
+def projections(model: LlamaForCausalLM) -> list:
+    """Every projection a decode step multiplies through, the lm_head last."""
+    found = []
+    for layer in decoder_layers(model):
+        found += [layer.self_attn.qkv_proj, layer.self_attn.o_proj]
+        found += [layer.mlp.gate_up_proj, layer.mlp.down_proj]
+    return [*found, model.lm_head]
 
 
 @dataclass(slots=True)
@@ -103,6 +108,8 @@ class DecodeGraph:
     ) -> None:
         self.model, self.block_size = model, block_size
         self.max_num_seqs = size = max_num_seqs
+        limits = [limit for limit in map(row_limit, projections(model)) if limit is not None]
+        self.max_rows = min([max_num_seqs, *limits])  # a step with more rows runs the modules
         self.max_blocks = -(-max_model_len // block_size)
         dtype, device = model.norm.weight.dtype, model.norm.weight.device
 
@@ -115,9 +122,9 @@ class DecodeGraph:
         self.hidden, self.residuals = b["hidden"], (b["residual_0"], b["residual_1"])
         self.normed, self.out, self.qkv = b["normed"], b["out"], b["qkv"]
         self.attention_out, self.gate_up, self.activation = b["attention_out"], b["gate_up"], b["activation"]
-        lm_head = model.lm_head  # Linear / an interleaved QuantizedLinear: fp32 logits; else dtype logits
-        float_logits = isinstance(lm_head, Linear | QuantizedLinear) and lm_head.float_output
-        self.logits = buffer(model.args.vocab_size, torch.float32 if float_logits else dtype)
+        # fp32 logits, as the eager step's .float() gives them: gemm_bf16 and interleaved lm_heads write them
+        # (float_out), a row-layout one writes bf16 that the next call widens in place (graph_ops)
+        self.logits = buffer(model.args.vocab_size, torch.float32)
         ops = self.capture(kv_caches)
         self.ops = (Op * len(ops))(*ops)
 
@@ -180,8 +187,8 @@ class DecodeGraph:
 
     def step_rows(self, decodes: list[ScheduledSeq]) -> StepRows | None:
         """The step's inputs, or None when it is not for the graph (a row that is not a plain decode that
-        samples, more rows than the buffers hold, a table wider than max_model_len's)."""
-        if len(decodes) > self.max_num_seqs:
+        samples, more rows than its kernels take, a table wider than max_model_len's)."""
+        if len(decodes) > self.max_rows:
             return None
         bs = self.block_size
         ids, positions, slots = array.array("q"), array.array("q"), array.array("q")

@@ -13,7 +13,9 @@ from enum import IntEnum
 import torch
 
 from backend.engine import cpu_kernels
+from backend.engine.device import cpu_has_fast_bf16
 from backend.engine.models.llama import Linear
+from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.interleaved import Interleaved
 from backend.engine.quantization.quantized_linear import QuantizedEmbedding, QuantizedLinear
 
@@ -30,6 +32,7 @@ class Signature(IntEnum):  # csrc/step_graph.cpp's, with the argument lists writ
     DECODE_ATTENTION = 6
     INTERLEAVED = 7
     EMBEDDING = 8
+    WIDEN = 9
 
 
 class Op(ctypes.Structure):
@@ -54,16 +57,34 @@ def ptr(tensor: torch.Tensor | None) -> int:
     return 0 if tensor is None else tensor.data_ptr()
 
 
-def unsupported_linear(module: object) -> str | None:
-    """Why a projection has no captured calls (None: it has)."""
+def unsupported_linear(module: object, dtype: torch.dtype) -> str | None:
+    """Why a projection has no captured calls (None: it has). A quantized one's parts are interleaved, or
+    GGUF blocks kept row by row (the K-types; every type on a build without AVX512_BF16) that quant_gemv
+    serves for up to QUANT_GEMV_MAX_ROWS rows (row_limit): in bf16 on a CPU with fast bf16, as the planner
+    plans a captured step (memory_plan; elsewhere the engine computes in fp32 and captures nothing)."""
     if isinstance(module, Linear):
         return None if module.native_weight is not None else "a projection not on gemm_bf16 (oneDNN or torch)"
     if isinstance(module, QuantizedLinear):
-        if module.use_kernel and module.all_interleaved:
+        rows_ok = dtype == torch.bfloat16 and cpu_has_fast_bf16()
+        if module.use_kernel and all(
+            isinstance(part, Interleaved) or (rows_ok and is_gguf_rows(part)) for part in module.parts
+        ):
             return None
         kinds = sorted({type(part).__name__ for part in module.parts})
-        return f"a quantized projection not all interleaved ({', '.join(kinds)})"
+        return f"a quantized projection neither interleaved nor GGUF rows in fast bf16 ({', '.join(kinds)})"
     return f"a projection of type {type(module).__name__}"
+
+
+def is_gguf_rows(part: object) -> bool:
+    """GGUF blocks kept row by row (not interleaved) of a type quant_gemv serves."""
+    return isinstance(part, QuantizedWeight) and part.qtype in cpu_kernels.QUANT_TYPES
+
+
+def row_limit(module: Linear | QuantizedLinear) -> int | None:
+    """The most rows module's captured calls take (None: any): quant_gemv's for GGUF rows (past it the
+    eager module takes other kernels, so a step with more rows runs the modules)."""
+    parts = module.parts if isinstance(module, QuantizedLinear) else []
+    return cpu_kernels.QUANT_GEMV_MAX_ROWS if any(map(is_gguf_rows, parts)) else None
 
 
 def linear_ops(module: Linear | QuantizedLinear, x: torch.Tensor, out: torch.Tensor) -> list[Op]:
@@ -81,15 +102,32 @@ def linear_ops(module: Linear | QuantizedLinear, x: torch.Tensor, out: torch.Ten
     ops, start = [], 0
     float_out = int(out.dtype == torch.float32)  # an lm_head's fp32 logits (QuantizedLinear.float_output)
     for part in module.parts:
-        assert isinstance(part, Interleaved)
         stop = start + part.shape[0]
         bias = None if module.bias is None else module.bias[start:stop]
         y = out[:, start].data_ptr()
-        groups = 0 if part.groups is None else part.groups.address  # packed kinds' scales, zeros, perm
-        ints = [x.data_ptr(), ptr(part.data), ptr(bias), y, 0, *part.shape, ldy, groups, float_out]
-        ops.append(op(f"interleaved_gemm_{part.qtype}", Signature.INTERLEAVED, 4, ints))
+        if isinstance(part, QuantizedWeight):
+            ops += gguf_rows_ops(x, part, bias, out, y)
+        else:
+            assert isinstance(part, Interleaved)
+            groups = 0 if part.groups is None else part.groups.address  # packed kinds' scales, zeros, perm
+            ints = [x.data_ptr(), ptr(part.data), ptr(bias), y, 0, *part.shape, ldy, groups, float_out]
+            ops.append(op(f"interleaved_gemm_{part.qtype}", Signature.INTERLEAVED, 4, ints))
         start = stop
     return ops
+
+
+def gguf_rows_ops(
+    x: torch.Tensor, part: QuantizedWeight, bias: torch.Tensor | None, out: torch.Tensor, y: int
+) -> list[Op]:
+    """quant_gemv of bf16 x into out's columns at y; into fp32 logits (an lm_head, one part) it writes the
+    bf16 values at each row's start, then widens them there (the eager path's .float() of its output)."""
+    name, (n, k) = f"quant_gemv_{part.qtype}_bf16", part.shape
+    ints = [x.data_ptr(), ptr(part.data), ptr(bias), y, 0, n, k, out.stride(0)]
+    if out.dtype == torch.bfloat16:
+        return [op(name, Signature.GEMM, 4, ints)]
+    assert out.dtype == torch.float32 and n == out.shape[1] == out.stride(0), "an lm_head of one part"
+    ints[7] = 2 * n  # bf16 rows as far apart as the fp32 ones
+    return [op(name, Signature.GEMM, 4, ints), op("widen_bf16_rows", Signature.WIDEN, 1, [y, 0, n])]
 
 
 def embedding_op(embedding: object, ids: torch.Tensor, out: torch.Tensor) -> Op | None:

@@ -22,6 +22,7 @@ enum Signature : int64_t {
                            //  block_size, max_blocks, q_stride, scale, v_scale)
     INTERLEAVED = 7,     // (x, w, bias, y, rows, n, k, ldy, groups, float_out): interleaved_gemm_*
     EMBEDDING = 8,       // (ids, table, out, rows, k or row bytes): interleaved_embedding_q8_0, embedding_rows
+    WIDEN = 9,           // (y, rows, n): widen_bf16_rows
 };
 
 constexpr int MAX_INTS = 14;
@@ -57,6 +58,9 @@ void run(const Op &op) {
             reinterpret_cast<void (*)(P, P, P, P, I, I, I, I, P, I)>(op.function)(
                 p(a, 0), p(a, 1), p(a, 2), p(a, 3), a[4], a[5], a[6], a[7], p(a, 8), a[9]);
             break;
+        case WIDEN:
+            reinterpret_cast<void (*)(P, I, I)>(op.function)(p(a, 0), a[1], a[2]);
+            break;
         case EMBEDDING:
             reinterpret_cast<void (*)(P, P, P, I, I)>(op.function)(p(a, 0), p(a, 1), p(a, 2), a[3], a[4]);
             break;
@@ -90,6 +94,20 @@ extern "C" int64_t step_graph_op_size() { return sizeof(Op); }
 // out [rows] = table [ids[t]], rows of row_bytes each: a dense embedding's lookup in a captured step
 extern "C" void embedding_rows(const int64_t *ids, const char *table, char *out, int64_t rows, int64_t row_bytes) {
     for (int64_t t = 0; t < rows; t++) std::memcpy(out + t * row_bytes, table + ids[t] * row_bytes, size_t(row_bytes));
+}
+
+// y [rows, n] fp32 whose row r starts with the n bf16 values a row-layout lm_head wrote there (row stride 2 n
+// bf16): each widened in place to its fp32 value, the last first (fp32 i overwrites bf16 2 i and 2 i + 1,
+// already read), so the logits are fp32 as an interleaved lm_head writes them (float_out), no extra buffer
+extern "C" void widen_bf16_rows(float *y, int64_t rows, int64_t n) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = y + r * n;
+        const uint16_t *bf16 = reinterpret_cast<const uint16_t *>(row);
+        for (int64_t i = n - 1; i >= 0; i--) {
+            const uint32_t bits = uint32_t(bf16[i]) << 16;
+            std::memcpy(row + i, &bits, 4);
+        }
+    }
 }
 
 // ops[0 .. num_ops) in order, each with its rows slot set to rows (the array is left as it was)
