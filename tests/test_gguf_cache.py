@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from backend.engine import gguf_cache
+from backend.model_names import served_model_name
 from tests.gguf_utils import Q, write_tiny_gguf
 
 PROMPT = [{"role": "user", "content": "Hello there, ünïcödé 123?"}]
@@ -15,8 +16,10 @@ PROMPT = [{"role": "user", "content": "Hello there, ünïcödé 123?"}]
 
 @pytest.fixture(scope="module")
 def gguf_file(tmp_path_factory) -> str:
+    """Named as llama.cpp names files: the model's name, then its type."""
     types = {"attn_q": Q.Q4_1, "ffn_down": Q.Q6_K, "attn_v": Q.Q4_K}
-    return str(write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.Q4_1.gguf", types, embedding=Q.F16))
+    path = tmp_path_factory.mktemp("gguf") / "Tiny-Llama-3.1-8B-Instruct-Q4_1.gguf"
+    return str(write_tiny_gguf(path, types, embedding=Q.F16))
 
 
 @pytest.fixture()
@@ -61,6 +64,8 @@ def test_the_engine_generates_the_same_tokens_from_the_cache(gguf):
         llm = LLM(gguf, dtype="float32", device="cpu", kv_cache_memory_bytes=8 << 20)
         runs.append(llm.generate([[1, 2, 3, 4, 5]], params)[0].outputs[0].token_ids)
         assert llm.llm_engine.quantization and "Q4_1" in llm.llm_engine.quantization
+        # the name the server answers to is the one an exported command serves (it was cut at the first dot)
+        assert llm.model_name == "Tiny-Llama-3.1-8B-Instruct" == served_model_name(gguf)
         del llm
     assert runs[0] == runs[1] and len(runs[0]) == 8
     assert gguf_cache.config_and_tokenizer(gguf)[2]  # cached by the first load

@@ -27,6 +27,7 @@ from backend.engine.quantization.gptq_awq import METHODS, PackedWeight, take_pac
 from backend.engine.quantization.install import install_quantized
 from backend.engine.quantization.quantized_linear import Part, dequantize_part
 from backend.errors import ModelNotFound
+from backend.model_names import served_model_name
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
@@ -232,7 +233,8 @@ def load_model(
         net = build_model(hf_config, state, quantized, dtype, device)
     eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     eos |= generation_eos(folder, gguf_file, hf_config)
-    name = Path(gguf_file).name.split(".")[0] if gguf_file else Path(model.rstrip("/")).name
+    # the name the server answers to: the GGUF's model name as llama.cpp names files (the export serves it)
+    name = served_model_name(gguf_file) if gguf_file else Path(model.rstrip("/")).name
     return LoadedModel(
         net.eval(), hf_config, tokenizer, name, sorted(eos), describe_quantization(quantized, hf_config)
     )
