@@ -216,3 +216,16 @@ def test_detokenizer_flush_emits_an_incomplete_last_character(llm, fast):
     assert "".join(deltas) == "ok"
     assert detok.flush() == " \ufffd" and detok.text == tokenizer.decode(ids[:cut])
     assert detok.flush() == ""
+
+
+def test_a_tokenizer_that_tidies_spaces_keeps_the_window_decode(llm, monkeypatch):
+    """transformers' decode() with clean_up_tokenization_spaces may tidy " ." into "." (a WordPiece
+    tokenizer's; transformers leaves a BPE one's alone), which DecodeStream never does: such a tokenizer
+    keeps the window decode, so the streamed text is whatever decode() gives."""
+    tokenizer = llm.tokenizer
+    monkeypatch.setattr(tokenizer, "clean_up_tokenization_spaces", True)
+    ids = tokenizer.encode("Hello , world . Done !", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer)
+    assert detok.stream is None
+    text = "".join(detok.add_token(i) for i in ids) + detok.flush()
+    assert text == tokenizer.decode(ids) and text.startswith("Hello")

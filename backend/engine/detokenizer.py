@@ -25,7 +25,9 @@ class IncrementalDetokenizer:
         self.read_offset = 0  # tokens before this are already in self.text
         self.text = ""
         backend = getattr(tokenizer, "backend_tokenizer", None)
-        self.backend = backend if isinstance(backend, Tokenizer) else None
+        # transformers' decode() may also tidy spaces before punctuation, which DecodeStream does not
+        tidies = getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        self.backend = backend if isinstance(backend, Tokenizer) and not tidies else None
         self.stream = DecodeStream(skip_special_tokens=skip_special_tokens) if self.backend else None
 
     def _decode(self, ids: list[int]) -> str:
