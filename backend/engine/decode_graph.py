@@ -14,8 +14,8 @@ tables' width), so the logits are the eager path's bit for bit (tests/test_decod
 
 A step is captured-path only when every row is one plain decode that samples (no prefill chunk, no
 draft tokens) and its rows fit the kernels (GGUF blocks kept row by row, the K-types: quant_gemv's 8 rows,
-past which the eager module takes other kernels); any other step takes the modules. `unsupported_reason` says why a model cannot be
-captured at all (logged once when the engine starts).
+past which the eager module takes other kernels); any other step takes the modules.
+`unsupported_reason` says why a model cannot be captured at all (logged once when the engine starts).
 """
 
 from __future__ import annotations
