@@ -84,7 +84,7 @@ def prompt_salts(count: int, tokenizer: str | None = None) -> list[str]:
     them encode to the same number of tokens, so every target gets the same prompt token counts."""
     from backend.bench.datasets import load_tokenizer
 
-    rng, salts, lengths = random.SystemRandom(), [], set()
+    rng, salts, lengths = random.SystemRandom(), [], set[int]()
     encode = load_tokenizer(tokenizer) if tokenizer else None
     for _ in range(100 * count):
         salt = f"[{rng.randrange(10**SALT_DIGITS):0{SALT_DIGITS}d}]\n"

@@ -36,7 +36,7 @@ class IncrementalDetokenizer:
     def add_token(self, token_id: int) -> str:
         """Append one token; return the text it completes (maybe "")."""
         self.token_ids.append(token_id)
-        if self.stream is None:
+        if self.stream is None or self.backend is None:
             return self._emit(final=False)
         delta = self.stream.step(self.backend, token_id)
         if not delta:
