@@ -143,3 +143,11 @@ def count_identical_within_top5(ours, reference) -> int:
         assert b.token_ids[mismatch] in a.logprobs[mismatch]
         assert a.token_ids[mismatch] in b.logprobs[mismatch]
     return identical
+
+
+def planned_graph_bytes(llm, stats) -> int:
+    """The planner's bytes for the captured decode step of the engine as it runs (the Launch card's plan)."""
+    from backend.planner import estimate
+    from backend.planner.launch_here import running_engine_plan
+
+    return estimate(running_engine_plan(llm.llm_engine.config, stats)).cuda_graph_bytes

@@ -14,9 +14,11 @@ import pytest
 import torch
 
 from backend.default_model import packaged_gguf
-from backend.engine import LLM, SamplingParams, cpu_kernels
+from backend.engine import LLM, SamplingParams, cpu_kernels, graph_ops
 from backend.engine.decode_graph import DecodeGraph
-from tests.engine_utils import assert_engine_clean, prompts, tiny_model
+from backend.engine.device import cpu_has_fast_bf16
+from backend.planner.cpu_host import CPUHost
+from tests.engine_utils import assert_engine_clean, planned_graph_bytes, prompts, tiny_model
 from tests.gguf_utils import VOCAB, Q, write_tiny_gguf
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -50,12 +52,17 @@ def recorded(llm: LLM) -> dict[str, list]:
 
 
 def run_both(
-    model: str, batch: list[list[int]], params: list[SamplingParams], embeds: bool = True, **engine_kwargs
+    model: str,
+    batch: list[list[int]],
+    params: list[SamplingParams],
+    embeds: bool = True,
+    dtype: str = "bfloat16",
+    **engine_kwargs,
 ):
     """(eager log, captured log, captured LLM) after generating batch with each; the token ids and every
     step's logits are checked equal. embeds: the embedding is a captured call (a dense table or an
     interleaved Q8_0 one)."""
-    llms = {eager: LLM(model, dtype="bfloat16", device="cpu", enforce_eager=eager, **engine_kwargs)
+    llms = {eager: LLM(model, dtype=dtype, device="cpu", enforce_eager=eager, **engine_kwargs)
             for eager in (True, False)}  # fmt: skip
     if llms[False].llm_engine.runner.decode_graph is None:
         pytest.skip("this CPU's kernels cannot capture the model (no AVX512_BF16 gemm_bf16 / interleaved)")
@@ -143,6 +150,24 @@ def test_k_quant_gguf_rows_are_captured_up_to_the_gemv_row_limit(tmp_path):
     assert "Q4_K" in llm.llm_engine.quantization and "Q6_K" in llm.llm_engine.quantization
     sizes = set(captured["graph_steps"])
     assert {1, 8} <= sizes and max(sizes) == 8, f"graph batch sizes {sorted(sizes)}"
+
+
+def test_gguf_rows_in_fp32_on_a_simulated_cpu_without_fast_bf16(monkeypatch):
+    """A CPU without AVX512_BF16 / AMX (AVX2-only EPYCs; simulated: the flag read as absent) computes in
+    fp32, its GGUF blocks row by row: quant_gemv's fp32 kernels are captured there, the lm_head writing
+    fp32 logits itself, for steps of up to 8 rows. On a CPU with fast bf16, fp32 is not captured."""
+    batch, params = joining_batch()
+    if cpu_has_fast_bf16():
+        with pytest.raises(pytest.skip.Exception):  # fp32 is not this CPU's compute dtype: not captured
+            run_both(str(packaged_gguf()), batch[:1], params[:1], False, "float32", max_num_seqs=3)
+        monkeypatch.setattr(graph_ops, "cpu_has_fast_bf16", lambda: False)
+    _, captured, llm = run_both(str(packaged_gguf()), batch[:4], params[:4], False, "float32", max_num_seqs=3)
+    graph = llm.llm_engine.runner.decode_graph
+    assert graph.max_rows == 3 and graph.hidden.dtype == torch.float32
+    stats = llm.stats()
+    monkeypatch.setattr(CPUHost, "has_fast_bf16", property(lambda host: False))  # the planner's view too
+    assert planned_graph_bytes(llm, stats) == stats.decode_graph_bytes == graph.buffer_bytes
+    assert len(set(captured["graph_steps"])) >= 2
 
 
 def test_a_stale_buffer_fails_the_comparison(monkeypatch):

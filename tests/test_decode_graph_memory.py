@@ -13,10 +13,8 @@ from backend.default_model import packaged_gguf
 from backend.engine import LLM, decode_graph_memory, kv_cache_utils
 from backend.engine.decode_graph import DecodeGraph
 from backend.engine.model_runner import ModelRunner
-from backend.engine.stats import EngineStats
 from backend.planner import PlanRequest, estimate
-from backend.planner.launch_here import running_engine_request
-from tests.engine_utils import tiny_model
+from tests.engine_utils import planned_graph_bytes, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 MIB = 2**20
@@ -39,21 +37,6 @@ def named_buffers(graph: DecodeGraph) -> list:
     ]
 
 
-def planned_bytes(llm: LLM, stats: EngineStats) -> int:
-    """The planner's figure for the engine as it runs (the Launch card's request)."""
-    config = llm.llm_engine.config
-    req = running_engine_request(
-        config.model,
-        stats.dtype,
-        stats.quantization is not None,
-        config.kv_cache_dtype,
-        stats.max_model_len,
-        max_num_seqs=config.max_num_seqs,
-        enforce_eager=stats.decode_graph_bytes == 0,
-    )
-    return estimate(req).cuda_graph_bytes
-
-
 @pytest.fixture(scope="module")
 def models() -> dict[str, str]:
     gguf = packaged_gguf()
@@ -73,7 +56,7 @@ def test_stats_count_the_graph_buffers_and_the_planner_agrees(models, name, max_
     assert stats.decode_graph_bytes == graph.buffer_bytes == sum(t.nbytes for t in buffers)
     assert all(t.shape[0] == max_num_seqs for t in buffers[1:]) and graph.step_ints.shape == (4, max_num_seqs)
     assert graph.logits.nbytes == max_num_seqs * llm.llm_engine.runner.model.args.vocab_size * 4  # fp32
-    assert planned_bytes(llm, stats) == stats.decode_graph_bytes
+    assert planned_graph_bytes(llm, stats) == stats.decode_graph_bytes
     if name == "gguf" and max_num_seqs == 64:  # [64, 49152] fp32 logits alone are 12 MiB
         assert 12 * MIB < stats.decode_graph_bytes < 14 * MIB
 
@@ -82,7 +65,7 @@ def test_enforce_eager_holds_no_graph_and_plans_none(models):
     llm = LLM(models["tiny"], device="cpu", max_num_seqs=8, max_model_len=512, enforce_eager=True)
     stats = llm.stats()
     assert llm.llm_engine.runner.decode_graph is None and stats.decode_graph_bytes == 0
-    assert planned_bytes(llm, stats) == 0
+    assert planned_graph_bytes(llm, stats) == 0
 
 
 def test_a_wrong_count_fails_the_comparison(models, monkeypatch):
@@ -92,13 +75,13 @@ def test_a_wrong_count_fails_the_comparison(models, monkeypatch):
     if graph is None:
         pytest.skip("this CPU's kernels cannot capture the model")
     stats = llm.stats()
-    assert planned_bytes(llm, stats) == stats.decode_graph_bytes
+    assert planned_graph_bytes(llm, stats) == stats.decode_graph_bytes
     with monkeypatch.context() as patch:
         patch.setattr(decode_graph_memory, "LOGITS_BYTES", 2)
-        assert planned_bytes(llm, stats) == stats.decode_graph_bytes - graph.logits.nbytes // 2
+        assert planned_graph_bytes(llm, stats) == stats.decode_graph_bytes - graph.logits.nbytes // 2
     graph.extra = graph.hidden.clone()  # a buffer added to the graph and not to the count
     assert llm.stats().decode_graph_bytes == stats.decode_graph_bytes + graph.hidden.nbytes
-    assert planned_bytes(llm, llm.stats()) != llm.stats().decode_graph_bytes
+    assert planned_graph_bytes(llm, llm.stats()) != llm.stats().decode_graph_bytes
 
 
 @pytest.mark.parametrize("enforce_eager", [False, True])

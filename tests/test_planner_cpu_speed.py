@@ -150,14 +150,19 @@ def test_the_local_plan_of_the_default_model_is_on_this_machines_cores(gguf):
     assert local.kv_cache_bytes == catalog.kv_cache_bytes
 
 
-def test_a_host_without_fast_bf16_captures_no_decode_step(gguf, spec):
-    """The capturing kernels are built for AVX-512 BF16 / AMX: elsewhere every step runs eagerly."""
+def test_a_host_without_fast_bf16_captures_only_gguf_rows_in_fp32(gguf, spec):
+    """With AVX-512 BF16 / AMX the step is captured in bf16; elsewhere the engine computes in fp32 and
+    captures a GGUF run as stored (its blocks on quant_gemv's fp32 kernels: buffers twice as wide), and
+    nothing dequantized (bf16 products would need gemm_bf16)."""
     from backend.planner.catalog import GPU
     from backend.planner.estimate import _layout
     from backend.planner.memory_plan import plan_memory
 
-    req = plan(gguf)
-    lay = _layout(req, spec)
+    req, dense = plan(gguf), plan(gguf, quant="bf16")
+    lay, dense_lay = _layout(req, spec), _layout(dense, spec)
     avx2: GPU = replace(lay.gpu, cpu=CPUHost(2, "avx2"))
-    assert plan_memory(req, spec, lay).cuda_graphs > 0
-    assert plan_memory(req, spec, replace(lay, gpu=avx2)).cuda_graphs == 0
+    bf16_bytes = plan_memory(req, spec, lay).cuda_graphs
+    fp32_bytes = plan_memory(req, spec, replace(lay, gpu=avx2)).cuda_graphs
+    assert 0 < bf16_bytes < fp32_bytes < 2 * bf16_bytes  # activations x2; int64 tables and fp32 logits x1
+    assert plan_memory(dense, spec, dense_lay).cuda_graphs == bf16_bytes
+    assert plan_memory(dense, spec, replace(dense_lay, gpu=avx2)).cuda_graphs == 0

@@ -59,19 +59,22 @@ def ptr(tensor: torch.Tensor | None) -> int:
 
 def unsupported_linear(module: object, dtype: torch.dtype) -> str | None:
     """Why a projection has no captured calls (None: it has). A quantized one's parts are interleaved, or
-    GGUF blocks kept row by row (the K-types; every type on a build without AVX512_BF16) that quant_gemv
-    serves for up to QUANT_GEMV_MAX_ROWS rows (row_limit): in bf16 on a CPU with fast bf16, as the planner
-    plans a captured step (memory_plan; elsewhere the engine computes in fp32 and captures nothing)."""
+    GGUF blocks kept row by row (the K-types; every type on a CPU without AVX512_BF16) that quant_gemv
+    serves for up to QUANT_GEMV_MAX_ROWS rows (row_limit), in the CPU's own compute dtype (bf16 with fast
+    bf16, else fp32: what dtype "auto" picks and the planner plans, memory_plan)."""
     if isinstance(module, Linear):
         return None if module.native_weight is not None else "a projection not on gemm_bf16 (oneDNN or torch)"
     if isinstance(module, QuantizedLinear):
-        rows_ok = dtype == torch.bfloat16 and cpu_has_fast_bf16()
+        rows_ok = dtype == (torch.bfloat16 if cpu_has_fast_bf16() else torch.float32)
         if module.use_kernel and all(
             isinstance(part, Interleaved) or (rows_ok and is_gguf_rows(part)) for part in module.parts
         ):
             return None
         kinds = sorted({type(part).__name__ for part in module.parts})
-        return f"a quantized projection neither interleaved nor GGUF rows in fast bf16 ({', '.join(kinds)})"
+        return (
+            f"a quantized projection neither interleaved nor GGUF rows in this CPU's compute dtype "
+            f"({', '.join(kinds)}, {str(dtype).removeprefix('torch.')})"
+        )
     return f"a projection of type {type(module).__name__}"
 
 
@@ -119,11 +122,11 @@ def linear_ops(module: Linear | QuantizedLinear, x: torch.Tensor, out: torch.Ten
 def gguf_rows_ops(
     x: torch.Tensor, part: QuantizedWeight, bias: torch.Tensor | None, out: torch.Tensor, y: int
 ) -> list[Op]:
-    """quant_gemv of bf16 x into out's columns at y; into fp32 logits (an lm_head, one part) it writes the
-    bf16 values at each row's start, then widens them there (the eager path's .float() of its output)."""
-    name, (n, k) = f"quant_gemv_{part.qtype}_bf16", part.shape
+    """quant_gemv of x into out's columns at y; into fp32 logits from bf16 x (an lm_head, one part) it
+    writes the bf16 values at each row's start, then widens them there (the eager path's .float())."""
+    name, (n, k) = f"quant_gemv_{part.qtype}_{cpu_kernels.SUFFIX[x.dtype]}", part.shape
     ints = [x.data_ptr(), ptr(part.data), ptr(bias), y, 0, n, k, out.stride(0)]
-    if out.dtype == torch.bfloat16:
+    if out.dtype == x.dtype:
         return [op(name, Signature.GEMM, 4, ints)]
     assert out.dtype == torch.float32 and n == out.shape[1] == out.stride(0), "an lm_head of one part"
     ints[7] = 2 * n  # bf16 rows as far apart as the fp32 ones

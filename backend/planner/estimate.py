@@ -128,7 +128,7 @@ def _cpu_times(
 ) -> tuple[float, float]:
     """(decode step, prefill) seconds of the embedded engine on a CPU host: weights as it holds them
     (quantized blocks as stored, else 16- or 32-bit), the captured decode step when the plan holds its
-    buffers (memory_plan: not with enforce_eager, fp32/fp16 weights or q/k-norm models)."""
+    buffers (memory_plan._decode_graph_shape)."""
     assert lay.gpu.cpu is not None
     matmul = speed.matmul_params(spec)
     as_stored = runs_as_stored(spec, lay)

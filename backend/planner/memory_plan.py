@@ -172,13 +172,17 @@ def _other_budget(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPl
 
 
 def _decode_graph_shape(req: PlanRequest, spec: ModelSpec, lay: Layout) -> DecodeGraphShape | None:
-    """The captured decode step's widths (None: not captured): on a CPU with fast bf16 (AVX-512 BF16 or AMX,
-    which the capturing kernels are built for), unless enforce_eager, with bf16 compute (weights dequantized
-    to bf16 or run as stored), as the engine captures where its native kernels serve every projection
-    (backend/engine/decode_graph.py; a running engine's plan says enforce_eager when it did not capture:
-    launch_here.running_engine_request)."""
+    """The captured decode step's widths (None: not captured), as the engine captures where its native
+    kernels serve every projection (backend/engine/decode_graph.py, graph_ops.unsupported_linear), unless
+    enforce_eager: on a CPU with fast bf16 (AVX-512 BF16 or AMX) in bf16 (weights dequantized to bf16 or
+    run as stored); on one without, a GGUF run as stored, in fp32 (the engine's dtype there; its blocks
+    row by row on quant_gemv). A running engine's plan says enforce_eager when it did not capture
+    (launch_here.running_engine_request)."""
     uncaptured = lay.quant.name in ("fp32", "fp16") or spec.model_type in QK_NORM_MODEL_TYPES
-    if lay.gpu.cpu is None or not lay.gpu.cpu.has_fast_bf16 or req.enforce_eager or uncaptured:
+    if lay.gpu.cpu is None or req.enforce_eager or uncaptured:
+        return None
+    fast_bf16 = lay.gpu.cpu.has_fast_bf16
+    if not fast_bf16 and not (runs_as_stored(spec, lay) and lay.quant.name.startswith("gguf-")):
         return None
     return DecodeGraphShape(
         spec.hidden_size,
@@ -187,7 +191,7 @@ def _decode_graph_shape(req: PlanRequest, spec: ModelSpec, lay: Layout) -> Decod
         spec.num_key_value_heads,
         spec.head_dim,
         spec.vocab_size,
-        2,  # bf16: the dtype of an engine that captures
+        2 if fast_bf16 else 4,  # the engine's compute dtype there: bf16, or fp32
     )
 
 
