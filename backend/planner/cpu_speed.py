@@ -23,10 +23,11 @@ from backend.planner.specs import ModelSpec
 
 ETA_MEM_CPU = 0.8  # achieved / peak DRAM bandwidth when the host's figure is known (speed.ETA_MEM)
 # DRAM a host without a bandwidth figure gives (this machine): one core alone draws 23-24 GB/s (a one-thread
-# Q4_1 batch-1 step: 96.5 MB in 5.6 ms less 1.4 ms of small kernels and host work), all cores ~17 GB/s
-# each (two threads, bf16 batch-1 step: 269 MB ~105 times a second less the same). 2-core AMD EPYC VM.
+# Q4_1 batch-1 step: 96.5 MB in 5.6 ms less 1.4 ms of small kernels and host work), all cores ~15 GB/s
+# each (two threads, bf16 batch-1 step: 269 MB 84-106 times a second less the same: 27-34 GB/s on two;
+# planner_speed 2026-12-02 and README stop 28). 2-core AMD EPYC VM.
 DRAM_ONE_CORE_BYTES_S = 24e9
-DRAM_PER_CORE_BYTES_S = 17e9
+DRAM_PER_CORE_BYTES_S = 15e9
 # GEMM FLOP/s on n > 1 threads / n x one thread's: a 2,048-token prefill step, 2,672 ms of one-thread CPU
 # time against 1,348 tok/s on two (README "The prefill step").
 THREAD_EFFICIENCY = 0.88
