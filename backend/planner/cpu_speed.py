@@ -42,6 +42,9 @@ SEQUENCE_HOST_S = 30e-6  # per sequence and step: argmax of its logits row (~14 
 # A quantized GEMM's FLOP rate / the dense one's, bf16 activations (one thread, planner_speed: 512-token
 # TTFT Q4_1 0.905 s vs bf16 0.726 s = 0.80; batch-16 decode products 0.85)
 QUANTIZED_GEMM_SHARE = 0.82
+# Without fast bf16 the captured step runs GGUF rows on quant_gemv's fp32 kernels, which take up to 8 rows
+# (backend/engine/cpu_kernels.py QUANT_GEMV_MAX_ROWS): larger steps run eagerly.
+CAPTURED_ROWS_WITHOUT_FAST_BF16 = 8
 
 
 @dataclass(slots=True, frozen=True)
@@ -75,20 +78,22 @@ ISA_RATES: dict[CPUIsa, IsaRates] = {
         source="2-core Xeon with AMX: prefill from the README's TTFT; the rest as AVX-512 BF16 (unverified)",
     ),
     "avx512": IsaRates(
-        gemm_flops=74e9,  # fp32 (no fast bf16): MKL sgemm 512x576x3072, one thread, AVX-512, this EPYC
+        gemm_flops=90e9,  # fp32: as AVX2 on the EPYC (Zen 4 runs AVX-512 as two halves; sgemm 62-77 both)
         dense_gemv_bytes_s=18e9,  # fp32 weights through oneDNN / MKL (unverified)
         quantized_gemv_bytes_s=16e9,  # fp32 products instead of bf16 dot products (unverified)
         layer_s=45e-6,
         layer_row_s=9e-6,
-        source="fp32 GEMM measured with MKL_ENABLE_INSTRUCTIONS=AVX512 on the EPYC; the rest estimated",
+        source="fp32 GEMM as AVX2 on the EPYC (an Intel AVX-512 core would be faster); the rest estimated",
     ),
     "avx2": IsaRates(
-        gemm_flops=68e9,  # fp32: MKL sgemm 512x576x3072, one thread, MKL_ENABLE_INSTRUCTIONS=AVX2, the EPYC
+        gemm_flops=90e9,  # fp32: MKL sgemm 512x576x3072 62-77 GFLOP/s one thread with MKL at AVX2; the
+        # engine's own 512-token fp32 prefill (below) ran its whole step at 74
         dense_gemv_bytes_s=16e9,  # fp32 weights through oneDNN / MKL (unverified)
-        quantized_gemv_bytes_s=13e9,  # the AVX2 quantized paths, half of AVX-512 BF16's (unverified)
+        quantized_gemv_bytes_s=9.5e9,  # AVX2 simulated on the EPYC (haswell kernels, fp32, one thread):
+        # captured Q4_1 batch-1 step 82 tok/s, 12.2 ms less 2 ms of small kernels and host
         layer_s=55e-6,
         layer_row_s=11e-6,
-        source="fp32 GEMM measured with MKL_ENABLE_INSTRUCTIONS=AVX2 on the EPYC; the rest estimated",
+        source="AVX2 simulated on the EPYC (haswell kernels, MKL at AVX2, fp32); small kernels estimated",
     ),
     "baseline": IsaRates(
         gemm_flops=20e9,
