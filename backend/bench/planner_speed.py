@@ -58,15 +58,17 @@ def engines_for(model: str, batch: int, with_eager: bool) -> dict:
     """The checkpoint as stored and dequantized to bf16 (and both with enforce_eager when asked)."""
     from backend.engine import LLM
 
-    kwargs = dict(device="cpu", max_num_seqs=batch, enable_prefix_caching=False)
-    engines = {"as stored": LLM(model, **kwargs)}
+    def engine(dequantize: bool, eager: bool):
+        dtype = "bfloat16" if dequantize else "auto"
+        return LLM(model, dtype=dtype, device="cpu", max_num_seqs=batch, enable_prefix_caching=False,
+                   dequantize_weights=dequantize, enforce_eager=eager)  # fmt: skip
+
+    engines = {"as stored": engine(False, False)}
     print(f"as stored: {engines['as stored'].stats().quantization}", flush=True)
-    engines["dequantized to bf16"] = LLM(model, dtype="bfloat16", dequantize_weights=True, **kwargs)
+    engines["dequantized to bf16"] = engine(True, False)
     if with_eager:
-        engines["as stored, eager"] = LLM(model, enforce_eager=True, **kwargs)
-        engines["bf16, eager"] = LLM(
-            model, dtype="bfloat16", dequantize_weights=True, enforce_eager=True, **kwargs
-        )
+        engines["as stored, eager"] = engine(False, True)
+        engines["bf16, eager"] = engine(True, True)
     return engines
 
 
