@@ -35,8 +35,9 @@ THREAD_EFFICIENCY = 0.88
 # and the KV pool's first page writes. One thread, 512-token TTFT of bf16: 0.726 s = 164 GFLOP/s of 205.
 PREFILL_STEP_EFFICIENCY = 0.80
 # enforce_eager: a layer's torch dispatch per step. Captured vs eager, batch 1 (planner_speed --with-eager,
-# and README stops 27/28): +2.1 to +6.4 ms a step over 30 layers, 0.07-0.21 ms a layer.
-EAGER_LAYER_S = 0.15e-3
+# one and two threads, quiet; README stops 27/28): +2.1 to +7.0 ms a step over 30 layers, 0.07-0.23 ms a
+# layer, mostly 0.12-0.23.
+EAGER_LAYER_S = 0.18e-3
 STEP_HOST_S = 0.3e-3  # per step: scheduling, inputs, sampling (stop 28 timers: 0.12 + 0.09 ms + the loop)
 SEQUENCE_HOST_S = 30e-6  # per sequence and step: argmax of its logits row (~14 us) and its output
 # A quantized GEMM's FLOP rate / the dense one's, bf16 activations (one thread, planner_speed: 512-token
