@@ -43,9 +43,6 @@ SEQUENCE_HOST_S = 30e-6  # per sequence and step: argmax of its logits row (~14 
 # A quantized GEMM's FLOP rate / the dense one's, bf16 activations (one thread, planner_speed: 512-token
 # TTFT Q4_1 0.905 s vs bf16 0.726 s = 0.80; batch-16 decode products 0.85)
 QUANTIZED_GEMM_SHARE = 0.82
-# Without fast bf16 the captured step runs GGUF rows on quant_gemv's fp32 kernels, which take up to 8 rows
-# (backend/engine/cpu_kernels.py QUANT_GEMV_MAX_ROWS): larger steps run eagerly.
-CAPTURED_ROWS_WITHOUT_FAST_BF16 = 8
 
 
 @dataclass(slots=True, frozen=True)

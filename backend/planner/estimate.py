@@ -13,6 +13,7 @@ from backend.planner.memory_plan import (
     EMBEDDED_AS_STORED,
     Layout,
     MemoryPlan,
+    captured_row_limit,
     longest_sequence,
     plan_memory,
     runs_as_stored,
@@ -137,8 +138,8 @@ def _cpu_times(
     else:
         read = matmul * (4 if lay.quant.name == "fp32" else 2)
     weights = cpu_speed.CPUWeights(read, matmul, spec.vocab_size * spec.hidden_size, as_stored)
-    fast_bf16, rows = lay.gpu.cpu.has_fast_bf16, cpu_speed.CAPTURED_ROWS_WITHOUT_FAST_BF16
-    captured = plan.cuda_graphs > 0 and (fast_bf16 or batch <= rows)
+    limit = captured_row_limit(spec, lay)
+    captured = plan.cuda_graphs > 0 and (limit is None or batch <= limit)
     step = cpu_speed.decode_step_seconds(lay.gpu.cpu, spec, weights, batch, ctx_bytes, captured)
     chunk = lay.limits.max_num_batched_tokens
     return step, cpu_speed.prefill_seconds(lay.gpu.cpu, spec, weights, req.input_len, chunk)

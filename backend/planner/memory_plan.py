@@ -25,6 +25,11 @@ EMBEDDED_AS_STORED: tuple[str, ...] = ("gguf-q4_0", "gguf-q4_1", "gguf-q8_0", "g
 EMBEDDED_AS_STORED += ("gguf-q6_k", "gptq-int4-g128", "gptq-int4-g32", "gptq-int8-g128", "awq-int4")
 LLAMA_UBATCH_LOGITS = memory.LLAMACPP_UBATCH * 4  # llama.cpp computes fp32 logits for a whole micro-batch
 QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")  # no captured q/k norm (decode_graph.unsupported_reason)
+# GGUF types the engine interleaves with fast bf16 (cpu_kernels.INTERLEAVED_TYPES); the others, and every
+# type without fast bf16, stay row by row on quant_gemv, whose captured calls take up to 8 rows
+# (cpu_kernels.QUANT_GEMV_MAX_ROWS, graph_ops.row_limit): a larger decode step runs eagerly
+GGUF_INTERLEAVED = ("gguf-q4_0", "gguf-q4_1", "gguf-q8_0")
+GGUF_ROWS_CAPTURED = 8
 
 
 @dataclass(slots=True, frozen=True)
@@ -68,6 +73,15 @@ def _gib(nbytes: float) -> str:
 def runs_as_stored(spec: ModelSpec, lay: Layout) -> bool:
     """The embedded engine computes from the checkpoint's quantized blocks (the rest it dequantizes)."""
     return lay.quant.name == spec.checkpoint_dtype in EMBEDDED_AS_STORED
+
+
+def captured_row_limit(spec: ModelSpec, lay: Layout) -> int | None:
+    """The most rows a captured decode step takes (None: any): GGUF_ROWS_CAPTURED where the engine keeps
+    a GGUF's blocks row by row."""
+    gguf = runs_as_stored(spec, lay) and lay.quant.name.startswith("gguf-")
+    fast_bf16 = lay.gpu.cpu is not None and lay.gpu.cpu.has_fast_bf16
+    rows = gguf and not (fast_bf16 and lay.quant.name in GGUF_INTERLEAVED)
+    return GGUF_ROWS_CAPTURED if rows else None
 
 
 def _weights(req: PlanRequest, spec: ModelSpec, lay: Layout) -> tuple[int, float]:
