@@ -177,8 +177,15 @@ def live_now_html(sample: dict[str, Any] | None) -> str:
         f"generation <b>{tok_s(sample.get('generation_tokens_per_s'))}</b> · "
         f"prefix hits <b>{percent(sample.get('prefix_cache_hit_rate'))}</b> · "
         f"preemptions <b>{sample.get('num_preemptions_total', 0)}</b>{speculation_html(sample)}"
+        f"{threads_html(sample)}"
     )
     return message("info", body_html=body, elem_id="live-now", data=data)
+
+
+def threads_html(sample: dict[str, Any]) -> str:
+    """The CPU threads the embedded engine steps on now (fewer while other processes take its cores)."""
+    threads = sample.get("compute_threads")
+    return f" · CPU threads <b>{threads}</b>" if threads else ""
 
 
 def speculation_html(sample: dict[str, Any]) -> str:

@@ -26,6 +26,7 @@ ENGINE_METRICS: dict[str, dict[str, tuple[str, ...]]] = {
     | {
         "num_kv_blocks_used": ("playground:kv_cache_blocks_used",),
         "num_kv_blocks_total": ("playground:kv_cache_blocks_total",),
+        "compute_threads": ("playground:compute_threads",),
     },
     "vllm": _VLLM,
     "sglang": {

@@ -37,6 +37,7 @@ SAMPLE_KEYS = (
     "prefix_cache_hit_rate",
     "spec_decode_acceptance_rate",  # accepted / draft tokens since the last sample (None: no drafts)
     "spec_decode_mean_acceptance_length",  # tokens per verification since the last sample, bonus included
+    "compute_threads",  # the embedded engine's CPU threads now (None for other engines, 0 on a GPU)
 )
 COUNTER_KEYS = (
     "prompt_tokens_total",
@@ -205,6 +206,7 @@ def sample_from_stats(stats: EngineStats, previous: EngineStats | dict | None = 
         "num_kv_blocks_used",
         "num_kv_blocks_total",
         "num_preemptions_total",
+        "compute_threads",
         *COUNTER_KEYS,
     ):
         sample[key] = values.get(key)

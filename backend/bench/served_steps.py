@@ -6,8 +6,9 @@ Each variant runs in its own process, the variants interleaved over --rounds: "o
 keeping --max-concurrency requests in flight (a new one is added as one finishes, as a client would);
 "served" serves it with the real server (`AsyncLLM.from_config` + `build_app` under uvicorn) while
 `python app.py bench` loads it from a separate process; "served-main-load" serves an engine loaded on the
-main thread and stepped on another (two OpenMP pools, the layout before). Every step is recorded (wall
-time, decode rows, prefill tokens, the gap since the previous step) by a StepRecorder
+main thread and stepped on another (two OpenMP pools, the layout before); "served-fixed-threads" serves
+without fitting its thread count to the client's load (backend/engine/compute_threads.py). Every step
+is recorded (wall time, decode rows, prefill tokens, the gap since the previous step) by a StepRecorder
 (backend/bench/step_recorder.py); steps are compared by their batch composition, so a served decode step
 of 16 rows is set beside an offline one of 16 rows. The offline warm-up uses another prompt seed so that
 the measured pass is not served from its prefix cache.
@@ -124,19 +125,31 @@ def run_child(args: argparse.Namespace) -> dict:
         switches = voluntary_switches()
         seconds = offline_pass(engine, bench_prompts(args, args.seed), args.output_len, args.max_concurrency)
         return {"steps": step_summary(recorder.take(), seconds, voluntary_switches() - switches)}
-    # served-main-load: the layout before, loaded on the main thread and stepped on another (two pools)
-    served = args.child == "served"
-    async_llm = AsyncLLM.from_config(config) if served else AsyncLLM(LLM(**asdict(config)))
+    # served-main-load: the layout before, loaded on the main thread and stepped on another (two pools);
+    # served-fixed-threads: on the stepping thread, keeping its thread count while the client runs
+    if args.child == "served-main-load":
+        async_llm = AsyncLLM(LLM(**asdict(config)))
+    else:
+        async_llm = AsyncLLM.from_config(config, adapt_threads=args.child == "served")
     recorder.attach(async_llm.engine)
     switches = voluntary_switches()
     seconds, result = asyncio.run(served_pass(async_llm, args, recorder))
     steps = step_summary(recorder.take(), seconds, voluntary_switches() - switches)
-    async_llm.shutdown()
     keys = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms")
-    return {"steps": steps, "client": {key: result.get(key) for key in keys}}
+    threads = async_llm.compute_threads
+    async_llm.shutdown()
+    client = {key: result.get(key) for key in keys}
+    return {"steps": steps, "client": client, "threads": asdict_threads(threads)}
 
 
-VARIANTS = ("offline", "served", "served-main-load")
+def asdict_threads(threads) -> dict:
+    """What the thread fitting did over a served pass (empty when it did not run)."""
+    if threads is None:
+        return {}
+    return {"final": threads.threads, "changes": threads.num_changes, "others": round(threads.others, 2)}
+
+
+VARIANTS = ("offline", "served", "served-fixed-threads", "served-main-load")
 COLUMNS = (  # (header, section, key, format)
     ("step ms", "steps", "decode_step_ms", "{:.1f}"),
     ("mixed ms", "steps", "mixed_step_ms", "{:.0f}"),
@@ -149,6 +162,8 @@ COLUMNS = (  # (header, section, key, format)
     ("TTFT p99", "client", "p99_ttft_ms", "{:.0f}"),
     ("TPOT p50", "client", "median_tpot_ms", "{:.1f}"),
     ("ITL p50", "client", "median_itl_ms", "{:.1f}"),
+    ("threads", "threads", "final", "{}"),  # the served engine's CPU threads at the end (compute_threads.py)
+    ("thread changes", "threads", "changes", "{}"),
 )
 
 

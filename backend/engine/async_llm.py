@@ -31,6 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from backend.engine.compute_threads import ComputeThreads
 from backend.engine.exceptions import EngineDeadError, EngineGenerateError, EngineOverloadedError
 from backend.engine.llm import LLM
 from backend.engine.output_collector import RequestOutputCollector
@@ -48,10 +49,14 @@ DEFAULT_MAX_WAITING_REQUESTS = 256
 
 class AsyncLLM:
     def __init__(
-        self, llm: LLM | Callable[[], LLM], max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS
+        self,
+        llm: LLM | Callable[[], LLM],
+        max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS,
+        adapt_threads: bool = True,
     ) -> None:
         """llm: a loaded LLM, or a function that loads one on the stepping thread (from_config); its
-        error, if any, is raised here."""
+        error, if any, is raised here. adapt_threads: fit a CPU engine's thread count to the cores other
+        processes leave free (compute_threads.py); False keeps the count it starts with."""
         if max_waiting_requests < 0:
             raise ValueError(f"max_waiting_requests must be >= 0, got {max_waiting_requests}")
         self.max_waiting_requests = max_waiting_requests
@@ -61,6 +66,8 @@ class AsyncLLM:
         self._num_pending = 0  # accepted by add_request, not yet handed to the engine
         self._dead: EngineDeadError | None = None
         self._wakeup = threading.Event()
+        self._adapt_threads = adapt_threads
+        self.compute_threads: ComputeThreads | None = None  # set on the stepping thread once loaded
         # one thread, as vLLM: tokenizers are not safe to share between threads
         self._tokenizer_executor = ThreadPoolExecutor(1, thread_name_prefix="AsyncLLM-tokenizer")
         loaded: Future[LLM] = Future()
@@ -77,9 +84,10 @@ class AsyncLLM:
         config: EngineConfig,
         phases: LoadPhases | None = None,
         max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS,
+        adapt_threads: bool = True,
     ) -> AsyncLLM:
         """Load config's model on the stepping thread (see the module docstring) and serve it."""
-        return cls(lambda: LLM(phases=phases, **asdict(config)), max_waiting_requests)
+        return cls(lambda: LLM(phases=phases, **asdict(config)), max_waiting_requests, adapt_threads)
 
     @property
     def tokenizer(self) -> Any:
@@ -205,6 +213,8 @@ class AsyncLLM:
         except BaseException as exc:  # the load failed: the constructor raises it
             loaded.set_exception(exc)
             return
+        if self._adapt_threads:
+            self.compute_threads = ComputeThreads.for_serving(self.engine.device)
         loaded.set_result(self.llm)
         reason = "the engine was shut down"
         try:
@@ -226,6 +236,9 @@ class AsyncLLM:
             if not self._apply_commands():
                 return
             while self.engine.has_unfinished_requests() and self._commands.empty():
+                if self.compute_threads is not None:
+                    self.compute_threads.before_step()
+                    self.engine.counters.compute_threads = self.compute_threads.threads
                 try:
                     outputs = self.engine.step()
                 except Exception as exc:  # step() fails requests itself; this is a bug there: fail all

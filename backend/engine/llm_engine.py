@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import time
 
+import torch
+
 from backend.engine import cpu_kernels
 from backend.engine.block_manager import BlockManager
 from backend.engine.config import EngineConfig
@@ -69,6 +71,7 @@ class LLMEngine:
         self.structured_output = StructuredOutputManager(self.tokenizer, model.args.vocab_size, eos)
         self.requests: dict[str, Request] = {}
         self.counters = EngineCounters()
+        self.counters.compute_threads = torch.get_num_threads() if self.device.type == "cpu" else 0
         self.fault_injector = fault_injector_from_env(self.tokenizer)  # test-only; None unless set
         self.update = StepUpdate(self)
 

@@ -25,6 +25,7 @@ class EngineCounters:
     num_steps: int = 0
     step_time_last_s: float = 0.0
     step_time_total_s: float = 0.0
+    compute_threads: int = 0  # the CPU threads steps run on now (AsyncLLM may change it); 0 on a GPU
 
     def record_step(self, seconds: float) -> None:
         self.num_steps += 1
@@ -89,6 +90,7 @@ class EngineStats:
     max_num_seqs: int
     max_num_batched_tokens: int
     timestamp: float  # time.time()
+    compute_threads: int  # CPU threads a step runs on now (fewer while other processes take cores); 0: GPU
     block_owners: dict[str, list[int]]  # request id -> its KV blocks
     # speculative decoding (vLLM's spec_decode counters); method None and zeros when it is off
     speculative_method: str | None = None
@@ -143,6 +145,7 @@ def engine_stats(engine: StatsSource) -> EngineStats:
         max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         timestamp=time.time(),
+        compute_threads=counters.compute_threads,
         block_owners=owners,
         **spec_decode_fields(engine.speculator),
     )

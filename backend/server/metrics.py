@@ -103,6 +103,10 @@ GAUGES = {  # EngineStats field -> (metric name, help)
     "kv_cache_usage": ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
     "num_kv_blocks_used": ("playground:kv_cache_blocks_used", "KV-cache blocks held by requests."),
     "num_kv_blocks_total": ("playground:kv_cache_blocks_total", "KV-cache blocks in the pool."),
+    "compute_threads": (
+        "playground:compute_threads",
+        "CPU threads the engine's steps run on now (fewer while other processes take its cores; 0: GPU).",
+    ),
 }
 COUNTERS = {
     "prompt_tokens_total": ("vllm:prompt_tokens", "Number of prefill tokens processed."),

@@ -1,0 +1,142 @@
+"""compute_threads: the serving engine gives a CPU thread up while another process takes a core and takes
+it back once the machine is calm. The rule on a table, the hysteresis on a scripted load (the machine's
+counters replaced, the name says so), and a real AsyncLLM beside a real process spinning a core."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from backend.engine import AsyncLLM, SamplingParams
+from backend.engine.compute_threads import ComputeThreads, CpuSample, ThreadPolicy, fitted_threads
+from backend.engine.config import EngineConfig
+from tests.engine_utils import prompts, tiny_model
+
+POLICY = ThreadPolicy()
+
+
+@pytest.mark.parametrize(
+    ("current", "max_threads", "cores", "others", "expected"),
+    [
+        (2, 2, 2, 0.0, (2, False)),  # quiet: keep both
+        (2, 2, 2, 0.49, (2, False)),  # half a core is not yet a core taken
+        (2, 2, 2, 0.5, (1, False)),  # ... and from here it is
+        (2, 2, 2, 1.9, (1, False)),  # never below one thread
+        (1, 2, 2, 0.4, (1, False)),  # between the two thresholds: stay
+        (1, 2, 2, 0.24, (1, True)),  # calm: a thread may come back (after calm_windows)
+        (8, 8, 8, 2.6, (5, False)),  # three cores taken of eight
+        (4, 4, 8, 2.0, (4, False)),  # the engine started on 4 of 8 cores: six free, it keeps its 4
+        (3, 4, 8, 0.0, (3, True)),  # ... and never goes past the count it started with
+        (4, 4, 8, 4.6, (3, False)),
+    ],
+)
+def test_threads_fit_the_cores_others_leave(current, max_threads, cores, others, expected):
+    assert fitted_threads(current, max_threads, cores, others, POLICY) == expected
+
+
+class ScriptedLoad:
+    """The machine's CPU counters on a script: each read() advances the clock by a step; `others` is
+    how many cores other processes use (this process uses one)."""
+
+    def __init__(self) -> None:
+        self.wall = self.busy = self.own = 0.0
+        self.others = 0.0
+
+    def read(self) -> CpuSample:
+        step = 0.25
+        self.wall += step
+        self.own += step
+        self.busy += step * (1 + self.others)
+        return CpuSample(self.wall, self.busy, self.own)
+
+
+def test_hysteresis_on_a_scripted_load():
+    load, applied = ScriptedLoad(), []
+    threads = ComputeThreads(2, 2, read=load.read, apply=applied.append)
+    for _ in range(8):
+        threads.before_step()
+    assert threads.threads == 2 and applied == []
+    load.others = 0.9  # a neighbour takes a core: the next full window gives a thread up
+    threads.before_step()
+    threads.before_step()
+    assert threads.threads == 1 and applied == [1] and threads.others == pytest.approx(0.9)
+    load.others = 0.35  # between the thresholds: stays down
+    for _ in range(20):
+        threads.before_step()
+    assert applied == [1]
+    load.others = 0.0  # calm: back after calm_windows full windows, not before
+    for _ in range(2 * POLICY.calm_windows - 1):
+        threads.before_step()
+    assert applied == [1]
+    threads.before_step()
+    assert applied == [1, 2] and threads.threads == 2 and threads.num_changes == 2
+
+
+def test_an_idle_gap_decides_nothing():
+    load, applied = ScriptedLoad(), []
+    threads = ComputeThreads(2, 2, read=load.read, apply=applied.append)
+    load.others = 1.0
+    load.wall += 60  # the engine sat idle for a minute while something else ran
+    threads.before_step()
+    assert applied == [] and threads.threads == 2
+
+
+def test_a_set_omp_num_threads_is_kept(monkeypatch):
+    import torch
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert ComputeThreads.for_serving(torch.device("cpu")) is None
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert ComputeThreads.for_serving(torch.device("meta")) is None  # not a CPU engine
+
+
+def wait_for_threads(async_llm: AsyncLLM, wanted: int, timeout_s: float) -> list[int]:
+    seen, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        seen.append(async_llm.stats().compute_threads)
+        if seen[-1] == wanted:
+            return seen
+        time.sleep(0.1)
+    raise AssertionError(f"compute threads never reached {wanted} in {timeout_s} s: {seen[-20:]}")
+
+
+@pytest.mark.slow
+def test_a_busy_neighbour_takes_a_thread_and_calm_gives_it_back(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    if len(__import__("os").sched_getaffinity(0)) < 2:
+        pytest.fail("this test needs two cores: with one the engine has no thread to give up")
+    async_llm = AsyncLLM.from_config(EngineConfig(tiny_model("llama")[0], dtype="float32", device="cpu"))
+    fitting = async_llm.compute_threads
+    assert fitting is not None and fitting.max_threads >= 2, "a CPU engine with free threads fits them"
+    stop = threading.Event()
+
+    async def keep_busy() -> None:  # requests back to back, so the engine steps the whole time
+        params = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
+        while not stop.is_set():
+            async for _ in async_llm.generate(prompts(lengths=(8,), seed=1)[0], params):
+                if stop.is_set():
+                    break
+
+    client = threading.Thread(target=lambda: asyncio.run(keep_busy()))
+    client.start()
+    try:
+        wait_for_threads(async_llm, fitting.max_threads, 5)
+        neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            wait_for_threads(async_llm, fitting.max_threads - 1, 20)
+            assert fitting.others >= POLICY.down_at
+        finally:
+            neighbour.kill()
+            neighbour.wait()
+        wait_for_threads(async_llm, fitting.max_threads, 20)
+        assert fitting.num_changes >= 2
+    finally:
+        stop.set()
+        client.join(timeout=30)
+        async_llm.shutdown()
+    assert not client.is_alive()
