@@ -140,3 +140,18 @@ def test_a_busy_neighbour_takes_a_thread_and_calm_gives_it_back(monkeypatch):
         client.join(timeout=30)
         async_llm.shutdown()
     assert not client.is_alive()
+
+
+@pytest.mark.slow
+def test_shared_cores_bench_prints_both_modes_and_their_ratio(capsys):
+    from backend.bench import shared_cores
+
+    argv = ["--model", tiny_model("llama")[0], "--tokens", "24", "--repeats", "1"]
+    assert shared_cores.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| 1 |")]
+    assert [cells[1].strip() for cells in rows] == ["fixed", "fitted"], out
+    for cells in rows:
+        quiet, quiet_threads, busy, busy_threads = (float(c) for c in cells[2:])
+        assert quiet > 0 and busy > 0 and quiet_threads >= 1 and busy_threads >= 1
+    assert "quiet: fixed" in out and "busy: fixed" in out and "fitted / fixed" in out
