@@ -20,13 +20,14 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from backend.bench.child_runs import answered_as_child, parent_argv
+from backend.bench.child_runs import run_child as run_variant
 from backend.bench.step_recorder import StepRecorder, step_summary, voluntary_switches
 from backend.export.supervisor import free_port
 
@@ -195,28 +196,23 @@ def row(variant: str, result: dict, load: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.child:
-        print("RESULT " + json.dumps(run_child(args)), flush=True)
+    if answered_as_child(args, run_child):
         return 0
-    from backend.bench.step_profile import cpu_summary
-
-    print(cpu_summary())
     print(
         f"{args.num_prompts} prompts of {args.input_len} tokens, {args.output_len} out, concurrency "
         f"{args.max_concurrency}; each variant in its own process, {args.rounds} interleaved round(s)"
     )
     print("| variant | " + " | ".join(c[0] for c in COLUMNS) + " | load avg |")
     print("|---" * (len(COLUMNS) + 2) + "|")
-    base = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--child"]
+    base = parent_argv(argv)
     for _ in range(args.rounds):
         for variant in args.variants:
-            command = [sys.executable, "-m", "backend.bench.served_steps", *base, "--child", variant]
-            done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
-            lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-            if not lines:
-                print(f"| {variant} | failed: {done.stderr.strip()[-300:]} |")
+            try:
+                result = run_variant("backend.bench.served_steps", base, variant)
+            except RuntimeError as exc:
+                print(f"| {variant} | {exc} |")
                 continue
-            print(row(variant, json.loads(lines[-1][7:]), os.getloadavg()[0]), flush=True)
+            print(row(variant, result, os.getloadavg()[0]), flush=True)
     return 0
 
 

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from backend.bench.child_runs import answered_as_child, parent_argv
+from backend.bench.child_runs import run_child as run_variant
+
 MODES = ("fixed", "fitted")
 CONDITIONS = ("quiet", "busy")
 PROMPT = "Write a long story about a dragon who learns to cook."
@@ -86,31 +86,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def child_result(mode: str, argv: list[str]) -> dict:
-    command = [sys.executable, "-m", "backend.bench.shared_cores", *argv, "--child", mode]
-    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    if not lines:
-        raise RuntimeError(f"the {mode} run failed: {done.stderr.strip()[-500:]}")
-    return json.loads(lines[-1][7:])
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.child:
-        print("RESULT " + json.dumps(run_child(args)), flush=True)
+    if answered_as_child(args, run_child):
         return 0
-    from backend.bench.step_profile import cpu_summary
-
-    print(cpu_summary())
     print(f"{args.tokens}-token greedy replies; busy = {args.neighbours} process(es) spinning a core each")
-    base = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--child"]
+    base = parent_argv(argv)
     runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
     print("| repeat | mode | quiet tok/s | threads | busy tok/s | threads |")
     print("|---|---|---|---|---|---|")
     for repeat in range(args.repeats):
         for mode in MODES:
-            result = child_result(mode, base)
+            result = run_variant("backend.bench.shared_cores", base, mode)
             runs[mode].append(result)
             cells = [f"{result[c]['tok_s']:.1f} | {result[c]['threads']}" for c in CONDITIONS]
             print(f"| {repeat + 1} | {mode} | " + " | ".join(cells) + " |", flush=True)
