@@ -75,6 +75,23 @@ def open_tab(page, name: str) -> None:
     page.get_by_role("tab", name=name).click()
 
 
+def fill_number(page, selector: str, value: str) -> None:
+    """Type value into a number box and move on (Tab), as a user does, until the box keeps it.
+
+    Under load a box filled within a second of its tab and accordion first opening was seen back at its
+    default seconds later (twice in CI, never with the test's timing probes in place): the page's own
+    first renders set it again. A user types later than that; the test types again."""
+    box, seen = page.locator(selector), []
+    for _ in range(3):
+        box.fill(value)
+        box.press("Tab")
+        page.wait_for_timeout(1000)
+        seen.append(box.input_value())
+        if seen[-1] == value:
+            return
+    raise AssertionError(f"{selector} did not keep {value!r}: it read {seen}")
+
+
 def choose(page, elem_id: str, value: str) -> None:
     """Pick a value in a Gradio dropdown the way a user does: type to filter, click the option."""
     box = page.locator(f"#{elem_id} input")

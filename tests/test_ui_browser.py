@@ -17,10 +17,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import expect
 
 from backend.default_model import DEFAULT_HUB_ID
-from tests.browser_utils import LOAD_S, app_server, browser_page, choose, open_tab, shot
+from tests.browser_utils import LOAD_S, app_server, browser_page, choose, fill_number, open_tab, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -171,10 +170,7 @@ def test_chat_streams_while_kv_chart_rises(page, engine):
     page.get_by_text("Sampling").click()
     # a reply that runs for seconds, so the 1 s KV samples see it: a 128-token one took under a second on
     # a quiet Xeon, and a 64-token one from vLLM once finished between two samples
-    max_tokens = page.locator("#chat-max-tokens input")
-    max_tokens.fill("1024")
-    max_tokens.press("Tab")  # moving on to the next field, as a user does, commits the value
-    expect(max_tokens).to_have_value("1024")
+    fill_number(page, "#chat-max-tokens input", "1024")
     page.fill("#chat-input textarea", "Write a long story about a dragon who learns to cook.")
     # the page records every length the reply shows (a slow test loop on a busy machine would miss some)
     page.evaluate(
