@@ -25,11 +25,15 @@ import tempfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from backend.bench.child_runs import answered_as_child, parent_argv
 from backend.bench.child_runs import run_child as run_variant
 from backend.bench.step_recorder import StepRecorder, step_summary, voluntary_switches
 from backend.export.supervisor import free_port
+
+if TYPE_CHECKING:
+    from backend.engine.compute_threads import ComputeThreads
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -143,7 +147,7 @@ def run_child(args: argparse.Namespace) -> dict:
     return {"steps": steps, "client": client, "threads": asdict_threads(threads)}
 
 
-def asdict_threads(threads) -> dict:
+def asdict_threads(threads: ComputeThreads | None) -> dict:
     """What the thread fitting did over a served pass (empty when it did not run)."""
     if threads is None:
         return {}
