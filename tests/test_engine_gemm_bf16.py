@@ -26,7 +26,8 @@ def cpu_has(flag: str) -> bool:
 
 
 needs_gemm = pytest.mark.skipif(
-    not cpu_kernels.gemm_bf16_enabled(), reason="the kernels' build lacks AVX512_BF16 or the CPU has AMX"
+    not cpu_kernels.gemm_bf16_enabled(),
+    reason="the kernels' build lacks AVX512_BF16 (or AMX tiles on a CPU with AMX)",
 )
 
 
@@ -109,16 +110,22 @@ def test_fused_silu_and_mul_equals_the_gemm_then_silu_and_mul(rows, intermediate
     assert ((fused.float() - reference.float()).abs() <= reference.float().abs() * 2.0**-7 + 1e-6).all()
 
 
-def test_amx_cpus_and_the_switch_keep_onednn(monkeypatch):
+def test_amx_cpus_take_it_with_amx_tiles_and_the_switch_keeps_onednn(monkeypatch):
+    """PLAYGROUND_GEMM_BF16=0 keeps oneDNN; a CPU with AMX takes gemm_bf16 only with its AMX tiles for many
+    rows (csrc/gemm_amx.h: built for AMX, the tile state granted), else oneDNN's AMX GEMM, which prefills
+    faster than VDPBF16PS; a CPU without AMX takes it wherever it is built."""
     built = cpu_kernels.gemm_bf16_enabled()
     monkeypatch.setenv("PLAYGROUND_GEMM_BF16", "0")
     assert not cpu_kernels.gemm_bf16_enabled()
     monkeypatch.delenv("PLAYGROUND_GEMM_BF16")
     flags = cpu_kernels._cpu_id()
     monkeypatch.setattr(cpu_kernels, "_cpu_id", lambda: f"{flags} amx_bf16 amx_tile")
+    assert cpu_kernels.gemm_bf16_enabled() == (built and cpu_kernels.gemm_amx_min_rows() > 0)
+    monkeypatch.setenv("PLAYGROUND_GEMM_AMX_MIN_ROWS", "0")  # the tiles turned off: oneDNN again
     assert not cpu_kernels.gemm_bf16_enabled()
+    monkeypatch.delenv("PLAYGROUND_GEMM_AMX_MIN_ROWS")
     monkeypatch.setattr(cpu_kernels, "_cpu_id", lambda: flags.replace(" amx_bf16", ""))
-    assert cpu_kernels.gemm_bf16_enabled() == built
+    assert cpu_kernels.gemm_bf16_enabled() == cpu_kernels._gemm_bf16_built()
 
 
 CHECK_BUILD = """

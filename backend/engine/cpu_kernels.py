@@ -62,6 +62,10 @@ PACKED_SIGNATURES = {
     "packed_gemv": [PTR] * 7 + [INT, INT, PTR],
     "packed_dequant": [PTR] * 5 + [INT, INT, PTR],
 }
+# rows from which gemm_bf16 takes AMX tiles where it has them (csrc/gemm_amx.h): fewer rows are bound by
+# reading the weights (kernel_bench --only gemm on a 2-core Xeon with AMX, see the README)
+GEMM_AMX_MIN_ROWS = 8
+INTERLEAVED_AMX_MIN_ROWS = 8  # the same for csrc/interleaved.cpp's quantized GEMM (interleaved_amx.h)
 GEMM_BF16_PANEL = 16  # output columns a panel of gemm_bf16_pack's layout (csrc/gemm_bf16.cpp PANEL)
 
 
@@ -193,6 +197,12 @@ def _open(path: Path) -> ctypes.CDLL:
         library.gemm_bf16_silu_and_mul.argtypes = [PTR] * 4 + [INT] * 4
         library.gemm_bf16_silu_and_mul.restype = None
         library.gemm_bf16_available.restype = ctypes.c_int
+        library.gemm_amx_ready.restype = ctypes.c_int
+        library.gemm_amx_set_min_rows.argtypes = [INT]
+        library.gemm_amx_set_min_rows.restype = None
+        library.interleaved_amx_set_min_rows.argtypes = [INT]
+        library.interleaved_amx_set_min_rows.restype = None
+        library.amx_tile_runs.restype = ctypes.c_int64
         library.interleaved_available.restype = ctypes.c_int
         library.interleaved_embedding_q8_0.argtypes = [PTR] * 3 + [INT] * 2
         library.interleaved_embedding_q8_0.restype = None
@@ -214,6 +224,8 @@ def _open(path: Path) -> ctypes.CDLL:
                 getattr(library, f"quant_gemm_{qtype}_bf16").restype = None
     except AttributeError as exc:  # a stale or foreign library
         raise KernelsUnavailable(f"{path} lacks a kernel: {exc}") from None
+    library.gemm_amx_set_min_rows(gemm_amx_min_rows(library))
+    library.interleaved_amx_set_min_rows(interleaved_amx_min_rows(library))
     return library
 
 
@@ -591,13 +603,32 @@ def packed_dequant(part, first: int, last: int, out: torch.Tensor) -> torch.Tens
 
 def gemm_bf16_enabled() -> bool:
     """Whether dense bf16 projections take gemm_bf16 rather than oneDNN (read when a model is prepared):
-    the build has AVX512_BF16 and the CPU no AMX (oneDNN's AMX GEMM is the faster one there). Set
-    PLAYGROUND_GEMM_BF16=0 to keep oneDNN."""
+    the build has AVX512_BF16, and on a CPU with AMX also the AMX tiles for many rows (csrc/gemm_amx.h;
+    without them oneDNN's AMX GEMM is the faster one for prefill). Set PLAYGROUND_GEMM_BF16=0 to keep
+    oneDNN."""
     if os.environ.get("PLAYGROUND_GEMM_BF16", "1") == "0" or not supports(
         torch.device("cpu"), torch.bfloat16
     ):
         return False
-    return _gemm_bf16_built() and "amx_bf16" not in _cpu_id().split()
+    return _gemm_bf16_built() and ("amx_bf16" not in _cpu_id().split() or gemm_amx_min_rows() > 0)
+
+
+def gemm_amx_min_rows(library: ctypes.CDLL | None = None) -> int:
+    """From how many rows gemm_bf16 computes on AMX tiles (0: never; the CPU has no AMX, the build was
+    not for it, or Linux did not grant the tile state). PLAYGROUND_GEMM_AMX_MIN_ROWS sets it (0: off)."""
+    library = library or load_library()
+    if library is None or not library.gemm_amx_ready():
+        return 0
+    return int(os.environ.get("PLAYGROUND_GEMM_AMX_MIN_ROWS", GEMM_AMX_MIN_ROWS))
+
+
+def interleaved_amx_min_rows(library: ctypes.CDLL | None = None) -> int:
+    """From how many rows the interleaved quantized GEMM computes on AMX tiles (0: never, as
+    gemm_amx_min_rows). PLAYGROUND_INTERLEAVED_AMX_MIN_ROWS sets it (0: off)."""
+    library = library or load_library()
+    if library is None or not library.gemm_amx_ready():
+        return 0
+    return int(os.environ.get("PLAYGROUND_INTERLEAVED_AMX_MIN_ROWS", INTERLEAVED_AMX_MIN_ROWS))
 
 
 @cache

@@ -40,8 +40,8 @@ PREFILL_STEP_EFFICIENCY = 0.80
 EAGER_LAYER_S = 0.18e-3
 STEP_HOST_S = 0.3e-3  # per step: scheduling, inputs, sampling (stop 28 timers: 0.12 + 0.09 ms + the loop)
 SEQUENCE_HOST_S = 30e-6  # per sequence and step: argmax of its logits row (~14 us) and its output
-# A quantized GEMM's FLOP rate / the dense one's, bf16 activations (one thread, planner_speed: 512-token
-# TTFT Q4_1 0.905 s vs bf16 0.726 s = 0.80; batch-16 decode products 0.85)
+# A quantized GEMM's FLOP rate / the dense one's, bf16 activations, VDPBF16PS (one thread, planner_speed:
+# 512-token TTFT Q4_1 0.905 s vs bf16 0.726 s = 0.80; batch-16 decode products 0.85); AMX: its own
 QUANTIZED_GEMM_SHARE = 0.82
 
 
@@ -55,6 +55,7 @@ class IsaRates:
     layer_s: float  # one layer's small kernels in a batch-1 step, one thread
     layer_row_s: float  # what each further row adds to them
     source: str
+    quantized_gemm_share: float = QUANTIZED_GEMM_SHARE  # a quantized GEMM's FLOP rate / the dense one's
 
 
 # avx512_bf16 is measured on a 2-core AMD EPYC (Zen 4, AVX-512 BF16, no AMX); the others where stated.
@@ -68,12 +69,19 @@ ISA_RATES: dict[CPUIsa, IsaRates] = {
         source="2-core AMD EPYC, AVX-512 BF16 (gemm_bf16, interleaved quantized GEMV); measured",
     ),
     "amx": IsaRates(
-        gemm_flops=175e9,  # oneDNN AMX: 512-token TTFT 0.47-0.49 s, 2 cores (README table) / 0.88 / 0.80
-        dense_gemv_bytes_s=18e9,  # the same gemm_bf16 GEMV for 1-8 rows (unverified on AMX)
-        quantized_gemv_bytes_s=27e9,  # the same AVX-512 BF16 quantized kernels (unverified on AMX)
+        # gemm_bf16 on AMX tiles (csrc/gemm_amx.h): planner_speed on a 2-core Xeon with AMX, 512-token TTFT
+        # of the default model in bf16 0.168 s = 118 GFLOP less 6 ms of dispatch, / 0.80 / 0.88 / 2 cores
+        gemm_flops=517e9,
+        dense_gemv_bytes_s=18e9,  # the same gemm_bf16 GEMV for 1-7 rows: batch-1 bf16 97.1 tok/s measured,
+        # 95.9 predicted (planner_speed, same run)
+        quantized_gemv_bytes_s=27e9,  # the same AVX-512 BF16 quantized kernels (batch 1: 249 measured, 214
+        # predicted: the Xeon's DRAM is faster than the EPYC VM's that dram_bytes_s assumes)
         layer_s=37e-6,
         layer_row_s=7e-6,
-        source="2-core Xeon with AMX: prefill from the README's TTFT; the rest as AVX-512 BF16 (unverified)",
+        source="2-core Xeon with AMX, planner_speed 2026-12-02: GEMMs on AMX tiles; small kernels as AVX-512",
+        # the interleaved quantized GEMM on tiles (csrc/interleaved_amx.h) scales each group's C tile: Q4_1
+        # 512-token TTFT 0.283 s vs bf16 0.168 s, less dispatch: 0.585
+        quantized_gemm_share=0.585,
     ),
     "avx512": IsaRates(
         gemm_flops=90e9,  # fp32: as AVX2 on the EPYC (Zen 4 runs AVX-512 as two halves; sgemm 62-77 both)
@@ -130,8 +138,9 @@ def stream_bytes_s(host: CPUHost, is_quantized: bool) -> float:
 
 def gemm_flops(host: CPUHost, is_quantized: bool) -> float:
     """GEMM FLOP/s on all cores (threads past the first at THREAD_EFFICIENCY)."""
-    rate = host.cores * ISA_RATES[host.isa].gemm_flops * (THREAD_EFFICIENCY if host.cores > 1 else 1.0)
-    return rate * QUANTIZED_GEMM_SHARE if is_quantized else rate
+    rates = ISA_RATES[host.isa]
+    rate = host.cores * rates.gemm_flops * (THREAD_EFFICIENCY if host.cores > 1 else 1.0)
+    return rate * rates.quantized_gemm_share if is_quantized else rate
 
 
 def host_seconds(batch: int) -> float:

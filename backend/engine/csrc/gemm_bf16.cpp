@@ -157,8 +157,15 @@ void strips(const Gemm &g, int64_t first, int64_t last, int64_t row, int64_t end
     }
 }
 
-// panels [first, last) of g for all rows, a block of rows at a time
+}  // namespace
+
+#include "gemm_amx.h"  // AMX tiles over the same packed panels (AMX CPUs, from AMX_MIN_ROWS rows)
+
+namespace {
+
+// panels [first, last) of g for all rows, a block of rows at a time (on AMX tiles where amx_rows says so)
 void run(const Gemm &g, int64_t first, int64_t last) {
+    if (amx_rows(g)) return amx_run(g, first, last);
     for (int64_t row = 0; row < g.rows; row += ROW_BLOCK) strips(g, first, last, row, std::min(g.rows, row + ROW_BLOCK));
 }
 
@@ -192,6 +199,9 @@ extern "C" void gemm_bf16_silu_and_mul(const BFloat16 *x, const uint16_t *packed
 
 #else
 extern "C" int gemm_bf16_available() { return 0; }
+extern "C" int gemm_amx_ready() { return 0; }
+extern "C" void gemm_amx_set_min_rows(int64_t) {}
+extern "C" int64_t amx_tile_runs() { return 0; }
 extern "C" void gemm_bf16(const BFloat16 *, const uint16_t *, const BFloat16 *, void *, int64_t, int64_t, int64_t,
                           int64_t, int64_t) {}
 extern "C" void gemm_bf16_silu_and_mul(const BFloat16 *, const uint16_t *, const BFloat16 *, BFloat16 *, int64_t,

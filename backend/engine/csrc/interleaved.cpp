@@ -47,6 +47,21 @@ inline __m512bh pair_of(const BFloat16 *p) {  // x[i], x[i + 1] broadcast to eve
     return (__m512bh)_mm512_set1_epi32(v);
 }
 
+// y[row, 16 panel : 16 panel + 16] = sums (+ bias), rounded to bf16 once
+inline void store_sums(const Call &c, __m512 sums, int64_t row, int64_t panel) {
+    const int64_t col = panel * PANEL;
+    __m512 bias = _mm512_setzero_ps();
+    if (c.bias)
+        bias = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(c.bias + col))), 16));
+    const __m256i out = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(sums, bias));
+    const int64_t at = row * c.ldy + col;
+    if (c.float_out)  // the bf16 value widened: what torch's .float() of the bf16 output gives
+        _mm512_storeu_si512(static_cast<float *>(c.y) + at, _mm512_slli_epi32(_mm512_cvtepu16_epi32(out), 16));
+    else
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(static_cast<BFloat16 *>(c.y) + at), out);
+}
+
 // y[row : row + R, 16 panel : 16 (panel + V)] over the whole of k, a group's sums scaled once; prefetch (or
 // null): the next strip
 template <typename B, int R, int V>
@@ -99,21 +114,8 @@ void tile(const Call &c, int64_t row, int64_t panel, const uint8_t *prefetch, in
                     acc[r][v] = _mm512_fmadd_ps(m, _mm512_set1_ps(c.sums[(row + r) * blocks + g]), acc[r][v]);
         }
     }
-    for (int v = 0; v < V; v++) {
-        const int64_t col = (panel + v) * PANEL;
-        __m512 bias = _mm512_setzero_ps();
-        if (c.bias)
-            bias = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(c.bias + col))), 16));
-        for (int r = 0; r < R; r++) {
-            const __m256i out = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][v], bias));
-            const int64_t at = (row + r) * c.ldy + col;
-            if (c.float_out)  // the bf16 value widened: what torch's .float() of the bf16 output gives
-                _mm512_storeu_si512(static_cast<float *>(c.y) + at, _mm512_slli_epi32(_mm512_cvtepu16_epi32(out), 16));
-            else
-                _mm256_storeu_si256(reinterpret_cast<__m256i *>(static_cast<BFloat16 *>(c.y) + at), out);
-        }
-    }
+    for (int v = 0; v < V; v++)
+        for (int r = 0; r < R; r++) store_sums(c, acc[r][v], row + r, panel + v);
 }
 
 using TileFn = void (*)(const Call &, int64_t, int64_t, const uint8_t *, int, const uint16_t *);
@@ -164,12 +166,19 @@ void decode_panel(const Call &c, int64_t panel, uint16_t *out) {
     }
 }
 
+}  // namespace
+
+#include "interleaved_amx.h"  // many rows on AMX tiles (AMX CPUs)
+
+namespace {
+
 // panels [first, last) for all rows: strip by strip, each strip's rows in tiles of MR (past MR rows: the
 // kind's MANY_ROWS); the first tile of a strip prefetches the next strip into L2. 8-bit past MR rows: a
 // strip is one panel, decoded once into an L1/L2 buffer that its tiles of rows read (a load a vector, not
 // a decode)
 template <typename B>
 void strips(const Call &c, int64_t first, int64_t last) {
+    if (amx_rows(c)) return amx_strips<B>(c, first, last);
     const int64_t blocks = c.k / 32, panel_bytes = blocks * c.group_bytes;
     const bool once = B::DECODE_ONCE && c.rows > MR;
     const int64_t mr = c.rows > MR && !once ? B::MANY_ROWS : MR;
@@ -247,6 +256,7 @@ extern "C" void interleaved_embedding_q8_0(const int64_t *ids, const uint8_t *w,
 }
 
 #else
+extern "C" void interleaved_amx_set_min_rows(int64_t) {}
 #define INTERLEAVED(NAME, KIND, HEAD)                                                                          \
     extern "C" void interleaved_gemm_##NAME(const BFloat16 *, const uint8_t *, const BFloat16 *, void *,       \
                                             int64_t, int64_t, int64_t, int64_t, const Groups *, int64_t) {}
