@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import psutil
 import torch
 
+from backend.engine.cpu_quota import quota_cpus, threads_within_quota
+
 log = logging.getLogger(__name__)
 
 
@@ -102,7 +104,8 @@ class ComputeThreads:
         """One for a CPU engine with more than one thread whose count the user left to it; else None."""
         if device.type != "cpu" or os.environ.get("OMP_NUM_THREADS"):
             return None
-        threads, cores = torch.get_num_threads(), len(os.sched_getaffinity(0))
+        threads = torch.get_num_threads()
+        cores = threads_within_quota(len(os.sched_getaffinity(0)), quota_cpus())  # a container's limit
         return cls(threads, cores) if threads > 1 else None
 
     def before_step(self) -> None:

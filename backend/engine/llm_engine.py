@@ -10,6 +10,7 @@ import torch
 from backend.engine import cpu_kernels
 from backend.engine.block_manager import BlockManager
 from backend.engine.config import EngineConfig
+from backend.engine.cpu_quota import limit_torch_threads
 from backend.engine.detokenizer import IncrementalDetokenizer
 from backend.engine.device import resolve_device, resolve_dtype
 from backend.engine.exceptions import describe
@@ -38,6 +39,8 @@ class LLMEngine:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        if self.device.type == "cpu":
+            limit_torch_threads()  # a container's CPU quota (cpu_quota.py)
         with phases.phase("load CPU kernels"):  # compiled on first use, then cached (cpu_kernels.py)
             cpu_kernels.supports(self.device, self.dtype)
         loaded = load_model(

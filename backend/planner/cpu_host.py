@@ -11,6 +11,8 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
+from backend.engine.cpu_quota import quota_cpus, threads_within_quota
+
 CPUIsa = Literal["amx", "avx512_bf16", "avx512", "avx2", "baseline"]
 CPU_ISAS: tuple[CPUIsa, ...] = ("amx", "avx512_bf16", "avx512", "avx2", "baseline")
 # /proc/cpuinfo flags that name each ISA, most capable first (backend/engine/cpu_kernels.py builds for them)
@@ -54,7 +56,8 @@ def _cpu_flags() -> set[str]:
 
 
 def _engine_threads() -> int:
-    """Threads torch computes on: OMP_NUM_THREADS when set, else one a physical core this process may use."""
+    """Threads torch computes on: OMP_NUM_THREADS when set, else one a physical core this process may use,
+    within a container's CPU quota (the engine's limit_torch_threads)."""
     import psutil
 
     wanted = os.environ.get("OMP_NUM_THREADS", "")
@@ -62,7 +65,7 @@ def _engine_threads() -> int:
         return int(wanted)
     allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     logical, physical = psutil.cpu_count() or allowed, psutil.cpu_count(logical=False) or allowed
-    return max(1, min(allowed, allowed * physical // logical))
+    return threads_within_quota(max(1, min(allowed, allowed * physical // logical)), quota_cpus())
 
 
 @cache
