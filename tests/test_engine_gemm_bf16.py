@@ -156,18 +156,21 @@ print("gemm_bf16", layer.native_weight is not None)
         pytest.param(
             "cooperlake", marks=pytest.mark.skipif(not cpu_has("avx512_bf16"), reason="no AVX512_BF16")
         ),
+        pytest.param("sapphirerapids", marks=pytest.mark.skipif(not cpu_has("amx_bf16"), reason="no AMX")),
     ],
 )
 def test_each_instruction_set_build_picks_its_gemm(march):
-    """Only a build with AVX512_BF16 (on a CPU without AMX) serves Linear with gemm_bf16; every other keeps
-    oneDNN's packed GEMM, and both compute the product within bf16 rounding."""
+    """A build with AVX512_BF16 serves Linear with gemm_bf16 on a CPU without AMX, and on a CPU with AMX
+    only a build with AMX tiles does; every other keeps oneDNN's packed GEMM, and both compute the product
+    within bf16 rounding."""
     env = os.environ | {"PLAYGROUND_CPU_KERNELS_MARCH": march, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
         [sys.executable, "-c", CHECK_BUILD], env=env, capture_output=True, text=True, cwd=ROOT
     )
     assert result.returncode == 0, result.stderr
-    native = march == "cooperlake" and not cpu_has("amx_bf16")
+    native = march == "sapphirerapids" or (march == "cooperlake" and not cpu_has("amx_bf16"))
     assert f"gemm_bf16 {native}" in result.stdout
+    assert ("AMX tiles" in result.stdout) == (march == "sapphirerapids")
 
 
 @needs_gemm

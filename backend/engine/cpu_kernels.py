@@ -241,6 +241,11 @@ def build_flags() -> str:
         width += " (bf16 dot products)"
     if library.packed_bf16_dot():  # csrc/packed_rows.cpp: 4-bit GPTQ / AWQ / compressed-tensors in bf16
         width += "; packed 4-bit: bf16 dot products"
+    if gemm_amx_min_rows(library) or interleaved_amx_min_rows(library):
+        width += (
+            f"; AMX tiles from {gemm_amx_min_rows(library)} rows (dense bf16), "
+            f"{interleaved_amx_min_rows(library)} (interleaved quantized)"
+        )
     return f"quantized kernels: {width}; cpu flags: {' '.join(f for f in wanted if f in present)}"
 
 
