@@ -123,3 +123,23 @@ def test_a_local_model_is_served_by_its_name_and_loaded_from_its_path(req):
         assert "ollama create llama-3.1-8b-instruct" in files["ollama/launch.sh"]
         assert f'FROM "{req.model}"' in files["ollama/Modelfile"]
     assert f"served as `{name}`" in files["README.md"]
+
+
+@pytest.mark.parametrize(
+    ("quant", "dtype", "expected"), [("fp32", "auto", "float32"), ("bf16", "auto", "auto")]
+)
+def test_an_fp32_plan_names_its_dtype_so_no_engine_downcasts_it(tmp_path, quant, dtype, expected):
+    """`--dtype auto` runs a float32 checkpoint in 16 bits (vLLM: fp16, or bf16 on its CPU build, which logs
+    "Downcasting torch.float32 to torch.bfloat16"), half the weight bytes the fp32 estimate counted: the
+    engines are told float32; a 16-bit plan keeps the checkpoint's own type (auto); a dtype asked for wins."""
+    req = PlanRequest(
+        model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100-80GB", quant=quant, max_model_len=4096
+    )
+    files = export_files(
+        req, ExportOptions(dtype=dtype), engines=["vllm", "sglang", "embedded"], formats=["shell"]
+    )
+    for engine in ("vllm", "sglang"):
+        assert flag_value(launched_argv(files, engine, tmp_path / engine), "--dtype") == expected, engine
+    assert f"--dtype {expected}" in files["embedded/launch.sh"]
+    asked = export_files(req, ExportOptions(dtype="bfloat16"), engines=["vllm"], formats=["shell"])
+    assert flag_value(launched_argv(asked, "vllm", tmp_path / "asked"), "--dtype") == "bfloat16"

@@ -63,7 +63,7 @@ class EmbeddedExporter(Exporter):
         self.check(plan)
         return EngineConfig(
             model=plan.checkpoint,
-            dtype=plan.options.dtype,
+            dtype=plan.dtype,
             max_model_len=plan.max_model_len,
             max_num_seqs=plan.max_num_seqs,
             max_num_batched_tokens=plan.max_num_batched_tokens,

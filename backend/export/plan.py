@@ -92,7 +92,19 @@ class ExportPlan:
     max_num_seqs: int
     checkpoint: str = ""  # what the engines load: the quantized checkpoint when the plan names one
     kv_capacity_tokens: int | None = None  # KV tokens that fit beside weights and activations (estimate)
+    weights_format: str = ""  # the estimate's resolved quantization ("fp32" for a float32 checkpoint as stored)
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def dtype(self) -> str:
+        """The engines' --dtype: the one asked for; for an fp32 plan (asked for, or a float32 checkpoint as
+        stored) float32, since "auto" halves what the estimate counted (vLLM runs a float32 checkpoint in
+        fp16, or bf16 on a CPU: "Downcasting torch.float32 to torch.bfloat16"); else auto, the
+        checkpoint's own 16-bit type."""
+        fp32 = self.req.quant.strip().lower() in ("fp32", "float32") or self.weights_format == "fp32"
+        if self.options.dtype == "auto" and fp32:
+            return "float32"
+        return self.options.dtype
 
     @property
     def max_num_batched_tokens(self) -> int:
@@ -248,5 +260,6 @@ def resolve(req: PlanRequest, options: ExportOptions) -> ExportPlan:
         max_num_seqs=int(req.max_num_seqs or 1),  # with_scheduler_defaults filled an unset one
         checkpoint=checkpoint,
         kv_capacity_tokens=kv_capacity_tokens(est),
+        weights_format=str(est.get("quant") or ""),
         warnings=warnings,
     )

@@ -93,7 +93,7 @@ class SGLangExporter(Exporter):
             "--mem-fraction-static", str(plan.sglang_mem_fraction_static()),
             "--max-running-requests", str(plan.max_num_seqs),
             "--chunked-prefill-size", str(plan.req.max_num_batched_tokens),
-            "--dtype", plan.options.dtype,
+            "--dtype", plan.dtype,
         ]  # fmt: skip
         if plan.req.block_size != DEFAULT_BLOCK_SIZE:
             argv += ["--page-size", str(plan.req.block_size)]

@@ -88,7 +88,7 @@ class TGIExporter(Exporter):
         ]  # fmt: skip
         if quant := QUANT[plan.quant]:
             argv += ["--quantize", quant]
-        elif dtype := DTYPES.get(plan.options.dtype):
+        elif dtype := DTYPES.get(plan.dtype):
             argv += ["--dtype", dtype]
         if kv := KV[plan.kv_cache_dtype]:
             argv += ["--kv-cache-dtype", kv]

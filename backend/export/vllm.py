@@ -82,7 +82,7 @@ class VLLMExporter(Exporter):
             "gpu_memory_utilization": plan.gpu_memory_utilization,
             "max_num_seqs": plan.max_num_seqs,
             "max_num_batched_tokens": plan.req.max_num_batched_tokens,
-            "dtype": plan.options.dtype,
+            "dtype": plan.dtype,
             "enable_prefix_caching": plan.req.enable_prefix_caching,
         }
         if plan.req.block_size != DEFAULT_BLOCK_SIZE:
