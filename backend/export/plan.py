@@ -92,7 +92,7 @@ class ExportPlan:
     max_num_seqs: int
     checkpoint: str = ""  # what the engines load: the quantized checkpoint when the plan names one
     kv_capacity_tokens: int | None = None  # KV tokens that fit beside weights and activations (estimate)
-    weights_format: str = ""  # the estimate's resolved quantization ("fp32" for a float32 checkpoint as stored)
+    weights_format: str = ""  # the estimate's resolved quantization ("fp32": a float32 checkpoint as stored)
     warnings: list[str] = field(default_factory=list)
 
     @property
