@@ -1,5 +1,6 @@
-// A dense bf16 GEMM for CPUs with AVX512_BF16 and no AMX (where oneDNN's packed bf16 GEMM leaves a fifth
-// to a third of the cores' rate unused at the decode step's few dozen rows):
+// A dense bf16 GEMM for CPUs with AVX512_BF16 (where oneDNN's packed bf16 GEMM leaves a fifth to a third
+// of the cores' rate unused at the decode step's few dozen rows; on CPUs with AMX, calls of many rows run
+// on its tiles, csrc/gemm_amx.h, over the same packed weights):
 //   y [rows, n] (row stride ldy) = x [rows, k] @ W^T (+ bias), bf16 in and out, fp32 sums (float_out: y
 //   is fp32 holding the bf16 values, as the logits are sampled).
 // W is re-laid out once, at load (cpu_kernels.gemm_bf16_pack), into panels of 16 output columns with

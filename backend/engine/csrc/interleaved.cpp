@@ -21,7 +21,8 @@
 // A tile is MR rows of x times V panels, its sums in registers over the whole of k; rows are the inner
 // loop, so a strip of V panels comes from memory once, and its first row tile prefetches the next strip
 // (the weights stream from DRAM every decode step). One OpenMP region a call, panels split evenly.
-// Act-order weights (a perm in Groups) multiply x with its columns permuted, inside the call.
+// Act-order weights (a perm in Groups) multiply x with its columns permuted, inside the call. On CPUs
+// with AMX, calls of many rows run on its tiles instead (csrc/interleaved_amx.h), the same function.
 // interleaved_available() is 0 where the build (-march) lacks AVX512_BF16 (the layout is not used
 // there). Built and loaded by backend/engine/cpu_kernels.py.
 #include <algorithm>
