@@ -129,3 +129,5 @@ def test_the_engine_takes_tiles_from_the_rows_cpu_kernels_sets(monkeypatch):
     monkeypatch.setenv("PLAYGROUND_GEMM_AMX_MIN_ROWS", "0")
     monkeypatch.setenv("PLAYGROUND_INTERLEAVED_AMX_MIN_ROWS", "64")
     assert (cpu_kernels.gemm_amx_min_rows(), cpu_kernels.interleaved_amx_min_rows()) == (0, 64)
+    monkeypatch.setenv("PLAYGROUND_GEMM_AMX_MIN_ROWS", "eight")  # not a number: said and ignored
+    assert cpu_kernels.gemm_amx_min_rows() == cpu_kernels.GEMM_AMX_MIN_ROWS

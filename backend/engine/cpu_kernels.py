@@ -624,7 +624,7 @@ def gemm_amx_min_rows(library: ctypes.CDLL | None = None) -> int:
     library = library or load_library()
     if library is None or not library.gemm_amx_ready():
         return 0
-    return int(os.environ.get("PLAYGROUND_GEMM_AMX_MIN_ROWS", GEMM_AMX_MIN_ROWS))
+    return _rows_from_env("PLAYGROUND_GEMM_AMX_MIN_ROWS", GEMM_AMX_MIN_ROWS)
 
 
 def interleaved_amx_min_rows(library: ctypes.CDLL | None = None) -> int:
@@ -633,7 +633,20 @@ def interleaved_amx_min_rows(library: ctypes.CDLL | None = None) -> int:
     library = library or load_library()
     if library is None or not library.gemm_amx_ready():
         return 0
-    return int(os.environ.get("PLAYGROUND_INTERLEAVED_AMX_MIN_ROWS", INTERLEAVED_AMX_MIN_ROWS))
+    return _rows_from_env("PLAYGROUND_INTERLEAVED_AMX_MIN_ROWS", INTERLEAVED_AMX_MIN_ROWS)
+
+
+def _rows_from_env(name: str, default: int) -> int:
+    """A row count from the environment variable name (a whole number, 0: off), else default; a value
+    that is not one is said in the log and ignored."""
+    value = os.environ.get(name, "").strip()
+    if value.isdigit():
+        return int(value)
+    if value:
+        log.warning(
+            "%s=%r is not a row count (a whole number, 0 turns AMX tiles off): using %d", name, value, default
+        )
+    return default
 
 
 @cache
