@@ -19,7 +19,7 @@ from backend.engine import cpu_kernels
 from backend.engine.quantization.gguf_blocks import KEPT_TYPES
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.interleaved import interleave
-from tests.gemm_utils import within_rounding
+from tests.gemm_utils import within_rounding, within_summation_error
 from tests.gguf_utils import Q, random_blocks
 
 pytestmark = pytest.mark.skipif(
@@ -90,13 +90,6 @@ def test_fused_silu_and_mul_on_tiles_equals_the_separate_kernels(rows):
             cpu_kernels.gemm_bf16(x, cpu_kernels.gemm_bf16_pack(weight), 3072, bias)
         )
     assert torch.equal(fused, separate)
-
-
-def within_summation_error(out, x, weight, bias) -> bool:  # as test_engine_interleaved's
-    exact = x.double() @ weight.double().T + bias.double()
-    bound = 1e-5 * (x.abs().double() @ weight.abs().double().T) + 1e-6 * bias.double().abs() + 1e-6
-    bound += exact.abs() * 2.0**-8
-    return bool(((out.double() - exact).abs() <= bound).all())
 
 
 @pytest.mark.parametrize("threads", [1, 2])

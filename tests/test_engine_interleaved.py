@@ -17,6 +17,7 @@ from backend.engine.quantization.gguf_blocks import KEPT_TYPES, block_shape
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.interleaved import Interleaved, interleave
 from backend.engine.quantization.quantized_linear import QuantizedLinear
+from tests.gemm_utils import within_summation_error
 from tests.gguf_utils import LINEAR_KINDS, Q, random_blocks, write_tiny_gguf
 
 needs_interleaved = pytest.mark.skipif(
@@ -32,14 +33,6 @@ def weight_of(qtype, seed=0) -> tuple[QuantizedWeight, torch.Tensor]:
     data = random_blocks(qtype, ROWS, COLS, np.random.default_rng(seed))
     reference = torch.from_numpy(dequantize(data, qtype)).reshape(ROWS, COLS)
     return QuantizedWeight(KEPT_TYPES[qtype], torch.from_numpy(data), (ROWS, COLS)), reference
-
-
-def within_summation_error(out, x, weight, bias) -> bool:  # [rows, n], [rows, k], [n, k], [n]
-    """out (bf16) within fp32 summation error of the exact x @ weight^T + bias, plus bf16's rounding."""
-    exact = x.double() @ weight.double().T + bias.double()
-    bound = 1e-5 * (x.abs().double() @ weight.abs().double().T) + 1e-6 * bias.double().abs() + 1e-6
-    bound += exact.abs() * 2.0**-8
-    return bool(((out.double() - exact).abs() <= bound).all())
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

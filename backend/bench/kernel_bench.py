@@ -121,9 +121,11 @@ def gemm_cases(args: argparse.Namespace, rows: int) -> dict[str, Callable[[], ob
         if cpu_kernels.gemm_bf16_enabled():
             native = itertools.cycle([cpu_kernels.gemm_bf16_pack(w) for w in weights])
             out[f"{label} gemm_bf16"] = functools.partial(_native_gemm, x, native, n)
-        if cpu_kernels.gemm_amx_min_rows() > 0:  # the same call held to one path: AMX tiles, VDPBF16PS
-            out[f"{label} gemm_bf16 AMX"] = functools.partial(_native_gemm, x, native, n, amx_from=1)
-            out[f"{label} gemm_bf16 AVX-512"] = functools.partial(_native_gemm, x, native, n, amx_from=0)
+        if (amx := cpu_kernels.gemm_amx_min_rows()) > 0:  # the same call held to one path: tiles, VDPBF16PS
+            out[f"{label} gemm_bf16 AMX"] = functools.partial(_native_gemm, x, native, n, amx_from=(1, amx))
+            out[f"{label} gemm_bf16 AVX-512"] = functools.partial(
+                _native_gemm, x, native, n, amx_from=(0, amx)
+            )
         if cpu_kernels.gemm_bf16_enabled() and name == "gate_up":  # the MLP's two calls, and its one
             two_calls = functools.partial(_native_gemm, x, native, n, silu=True)
             out[f"{label} gemm_bf16 + silu_and_mul"] = two_calls
@@ -194,20 +196,22 @@ def _onednn_gemm(linear: Callable[..., object], x: Any, weights: Iterator[Any]) 
 
 
 def _native_gemm(
-    x: Any, weights: Iterator[Any], n: int, silu: bool = False, amx_from: int | None = None
+    x: Any, weights: Iterator[Any], n: int, silu: bool = False, amx_from: tuple[int, int] | None = None
 ) -> object:
-    """gemm_bf16 (amx_from: AMX tiles from that many rows for this call, 0 never; None: the default)."""
+    """gemm_bf16; amx_from (rows, default): AMX tiles from that many rows for this call (0: never), the
+    library's default restored after; None: the default call."""
     from backend.engine import cpu_kernels
 
+    if amx_from is None:  # the default call, untouched
+        out = cpu_kernels.gemm_bf16(x, next(weights), n, None)
+        return cpu_kernels.silu_and_mul(out) if silu else out
     library = cpu_kernels.load_library()
     assert library is not None
-    if amx_from is not None:
-        library.gemm_amx_set_min_rows(amx_from)
+    library.gemm_amx_set_min_rows(amx_from[0])
     try:
-        out = cpu_kernels.gemm_bf16(x, next(weights), n, None)
+        return cpu_kernels.gemm_bf16(x, next(weights), n, None)
     finally:
-        library.gemm_amx_set_min_rows(cpu_kernels.gemm_amx_min_rows())
-    return cpu_kernels.silu_and_mul(out) if silu else out
+        library.gemm_amx_set_min_rows(amx_from[1])
 
 
 def _fused_gemm(x: Any, weights: Iterator[Any], n: int) -> object:

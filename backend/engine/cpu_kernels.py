@@ -621,30 +621,29 @@ def gemm_bf16_enabled() -> bool:
 def gemm_amx_min_rows(library: ctypes.CDLL | None = None) -> int:
     """From how many rows gemm_bf16 computes on AMX tiles (0: never; the CPU has no AMX, the build was
     not for it, or Linux did not grant the tile state). PLAYGROUND_GEMM_AMX_MIN_ROWS sets it (0: off)."""
-    library = library or load_library()
-    if library is None or not library.gemm_amx_ready():
-        return 0
-    return _rows_from_env("PLAYGROUND_GEMM_AMX_MIN_ROWS", GEMM_AMX_MIN_ROWS)
+    return _amx_min_rows(library, "PLAYGROUND_GEMM_AMX_MIN_ROWS", GEMM_AMX_MIN_ROWS)
 
 
 def interleaved_amx_min_rows(library: ctypes.CDLL | None = None) -> int:
-    """From how many rows the interleaved quantized GEMM computes on AMX tiles (0: never, as
-    gemm_amx_min_rows). PLAYGROUND_INTERLEAVED_AMX_MIN_ROWS sets it (0: off)."""
+    """The same for the interleaved quantized GEMM (PLAYGROUND_INTERLEAVED_AMX_MIN_ROWS)."""
+    return _amx_min_rows(library, "PLAYGROUND_INTERLEAVED_AMX_MIN_ROWS", INTERLEAVED_AMX_MIN_ROWS)
+
+
+def _amx_min_rows(library: ctypes.CDLL | None, variable: str, default: int) -> int:
+    """0 where AMX tiles cannot run here, else the row count in variable (a whole number; a value that is
+    not one is said in the log and ignored), else default."""
     library = library or load_library()
     if library is None or not library.gemm_amx_ready():
         return 0
-    return _rows_from_env("PLAYGROUND_INTERLEAVED_AMX_MIN_ROWS", INTERLEAVED_AMX_MIN_ROWS)
-
-
-def _rows_from_env(name: str, default: int) -> int:
-    """A row count from the environment variable name (a whole number, 0: off), else default; a value
-    that is not one is said in the log and ignored."""
-    value = os.environ.get(name, "").strip()
+    value = os.environ.get(variable, "").strip()
     if value.isdigit():
         return int(value)
     if value:
         log.warning(
-            "%s=%r is not a row count (a whole number, 0 turns AMX tiles off): using %d", name, value, default
+            "%s=%r is not a row count (a whole number, 0 turns AMX tiles off): using %d",
+            variable,
+            value,
+            default,
         )
     return default
 

@@ -11,6 +11,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "dtypes.h"
 
 #define AMX_TILES 1
 
@@ -45,6 +49,19 @@ inline void configure() {
     }
     _tile_loadconfig(&config);
     runs.fetch_add(1, std::memory_order_relaxed);
+}
+
+// x's rows [row, row + block) as tile loads read them (16 whole rows of k each): in place, or where fewer
+// than block rows are left (the call's last rows: row == rows / block * block) a copy in tail zeroed past
+// them, made once; a tile load would otherwise read past the end of x
+inline const BFloat16 *rows_for_tiles(const BFloat16 *x, int64_t rows, int64_t k, int64_t row, int64_t block,
+                                      std::vector<BFloat16> &tail) {
+    if (row != rows / block * block) return x + row * k;
+    if (tail.empty()) {
+        tail.assign(size_t(block * k), BFloat16{0});
+        std::memcpy(tail.data(), x + row * k, size_t((rows - row) * k) * sizeof(BFloat16));
+    }
+    return tail.data();
 }
 
 }  // namespace amx

@@ -83,8 +83,7 @@ void amx_store(const Gemm &g, const float *c, int64_t row, int64_t m, int64_t pa
 // a block's two panels are a gate panel and its up panel)
 void amx_run(const Gemm &g, int64_t first, int64_t last) {
     amx::configure();
-    const int64_t k = 2 * g.k2, tail_row = g.rows / AMX_ROWS * AMX_ROWS;
-    std::vector<BFloat16> tail;  // rows [tail_row, rows) in a zeroed block of AMX_ROWS
+    std::vector<BFloat16> tail;  // the call's last rows, fewer than AMX_ROWS, in a zeroed block
     alignas(64) float c[4 * 16 * 16];
     for (int64_t row = 0; row < g.rows; row += ROW_BLOCK) {
         const int64_t end = std::min(g.rows, row + ROW_BLOCK);
@@ -92,14 +91,7 @@ void amx_run(const Gemm &g, int64_t first, int64_t last) {
             const int v = int(std::min<int64_t>(2, last - panel));
             for (int64_t r = row; r < end; r += AMX_ROWS) {
                 const int64_t m = std::min(AMX_ROWS, end - r);
-                const BFloat16 *x = g.x + r * k;
-                if (r == tail_row) {
-                    if (tail.empty()) {
-                        tail.assign(AMX_ROWS * k, BFloat16{0});
-                        std::memcpy(tail.data(), x, size_t(m * k) * sizeof(BFloat16));
-                    }
-                    x = tail.data();
-                }
+                const BFloat16 *x = amx::rows_for_tiles(g.x, g.rows, 2 * g.k2, r, AMX_ROWS, tail);
                 amx_block_fn(m, v)(g, x, panel, c);
                 amx_store(g, c, r, m, panel, v);
             }

@@ -54,20 +54,12 @@ void amx_strips(const Call &c, int64_t first, int64_t last) {
     static_assert(B::CHUNKS * B::PAIRS == 16, "a block is one B tile: 16 k-pairs");
     amx::configure();
     std::vector<uint16_t> decoded(size_t(c.k / 32 * 512));
-    std::vector<BFloat16> tail;  // the last rows, fewer than 16, in a zeroed tile
-    const int64_t tail_row = c.rows / 16 * 16;
+    std::vector<BFloat16> tail;  // the call's last rows, fewer than 16, in a zeroed tile
     for (int64_t panel = first; panel < last; panel++) {
         decode_panel<B>(c, panel, decoded.data());
         for (int64_t row = 0; row < c.rows; row += 16) {
             const int64_t rows = std::min<int64_t>(16, c.rows - row);
-            const BFloat16 *x = c.x + row * c.k;
-            if (row == tail_row) {
-                if (tail.empty()) {
-                    tail.assign(size_t(16 * c.k), BFloat16{0});
-                    std::memcpy(tail.data(), x, size_t(rows * c.k) * sizeof(BFloat16));
-                }
-                x = tail.data();
-            }
+            const BFloat16 *x = amx::rows_for_tiles(c.x, c.rows, c.k, row, 16, tail);
             amx_tile<B>(c, x, row, rows, panel, decoded.data());
         }
     }
