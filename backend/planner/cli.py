@@ -142,6 +142,12 @@ def format_table(d: dict) -> str:
         ),
     ]
     lines = [f"{k:<18}{v}" for k, v in rows]
+    if d.get("vllm_family"):
+        lines.append(f"{'memory terms':<18}vLLM {d['vllm_family']} (- = subtracted from the budget)")
+    lines += [
+        f"  {'-' if t['subtracted'] else ' '} {t['name']:<22}{t['bytes'] / GIB:>8.2f} GiB  {t['how']}"
+        for t in d.get("memory_terms", [])
+    ]
     lines += [f"{'warning':<18}{w}" for w in d["warnings"]]
     lines += [f"{'fix':<18}{f}" for f in d["fixes"]]
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from backend.planner.memory_plan import (
     plan_memory,
     runs_as_stored,
 )
+from backend.planner.memory_terms import MemoryTerm, plan_terms
 from backend.planner.request import PlanRequest, resolve_quant, validate_request
 from backend.planner.specs import ModelSpec
 from backend.planner.vllm_rules import resolve_limits
@@ -40,6 +41,7 @@ class Estimate:
     concurrency: int
     gpu_memory_utilization: float
     vllm_version: str  # the vLLM whose accounting the figures follow (vllm engine only)
+    vllm_family: str  # its version family (vllm_versions.FAMILIES), "" for other engines
     max_num_seqs: int  # as the engine runs it: the request's, or the engine's default
     max_num_batched_tokens: int
     params_total: int
@@ -67,6 +69,7 @@ class Estimate:
     price_per_hour: float  # all GPUs of the plan
     cost_per_million_output_tokens: float | None
     cost_per_million_input_tokens: float | None
+    memory_terms: list[MemoryTerm] = field(default_factory=list)  # each term beside how it is computed
     warnings: list[str] = field(default_factory=list)
     fixes: list[str] = field(default_factory=list)
     max_concurrency_after_fix: int | None = None  # when it does not fit: after fixes[0]
@@ -213,6 +216,7 @@ def _request_fields(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: Memory
         concurrency=req.concurrency,
         gpu_memory_utilization=req.gpu_memory_utilization,
         vllm_version=".".join(map(str, lay.limits.version)) if req.engine == "vllm" else "",
+        vllm_family=lay.limits.family.name if req.engine == "vllm" else "",
         max_num_seqs=lay.limits.max_num_seqs,
         max_num_batched_tokens=lay.limits.max_num_batched_tokens,
         params_total=spec.params_total,
@@ -264,5 +268,6 @@ def estimate_for_spec(req: PlanRequest, spec: ModelSpec) -> Estimate:
         **_request_fields(req, spec, lay, plan),
         **_memory_fields(lay, plan, cap),
         **_speed_fields(req, lay, plan, spd),
+        memory_terms=plan_terms(req, spec, lay, plan),
         warnings=_warnings(req, spec, lay, plan, cap),
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from backend.planner import vllm_versions
 from backend.planner.catalog import GIB, Quantization
 from backend.planner.specs import ModelSpec
 
@@ -17,15 +18,8 @@ from backend.planner.specs import ModelSpec
 # (RTX 3090), 0.26 (A100) at TP=1; 0.25 GiB with TP=2 (vllm#13061) and 0.20 with TP=4 (vllm#14447).
 NON_TORCH_BYTES = int(0.08 * GIB)
 NON_TORCH_MULTI_GPU_BYTES = int(0.25 * GIB)
-# vLLM's profile run ends with a sampler run over min(max_num_seqs, max_num_batched_tokens) dummy
-# requests with top_k = vocab - 1 and top_p < 1 (vllm/v1/worker/gpu_model_runner.py _dummy_sampler_run;
-# V0: SamplingParams(top_p=0.99, top_k=vocab_size - 1) in worker/model_runner.py profile_run), which takes
-# the sort path of vllm/v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p. Live bytes per logit at its
-# peak: bf16 logits 2 + fp32 copy 4 + sorted values 4 + int64 indices 8 + the sort's key/value scratch
-# 12 + softmax of the sorted logits 4 + scatter back 4 = 38. Logged activation peaks where the sampler
-# dominates: 1.40 GiB for 256 x 151936 logits (Qwen2.5-Math-1.5B), 0.94 GiB for 256 x 100352 (Phi-4),
-# 1.26 GiB for 256 x 128256 (Llama-3-8B, vllm#10511): 37-39 bytes per logit.
-SAMPLER_BYTES_PER_LOGIT = 38
+# The profile's dummy sampler run, up to vLLM 0.16 (later families: vllm_versions.VllmFamily).
+SAMPLER_BYTES_PER_LOGIT = vllm_versions.SORT_SAMPLER_BYTES_PER_LOGIT
 # Other engines: fp32 logits plus one same-sized temporary per sequence.
 LOGIT_BYTES_OTHER = 8
 # CUDA graphs (vLLM captures decode batch sizes up to 512): a fixed part plus a share per layer. Logged:
@@ -150,7 +144,7 @@ def vllm_profile_peak(
     """vLLM's "PyTorch activation peak": the forward pass and the sampler run one after the other, so the
     peak is the larger of the two (num_reqs=0 where no sampler runs in the profile: V0 with chunked
     prefill logs 0.19-0.22 GiB, the forward pass alone, vllm#13061 and the OCI A10 log). bytes_per_logit
-    depends on the vLLM version (vllm_rules.TRITON_SAMPLER_SINCE)."""
+    depends on the vLLM version (vllm_versions.VllmFamily.sampler_bytes_per_logit)."""
     return max(forward_activation_bytes(spec, tokens, tp), sampler_bytes(spec, num_reqs, bytes_per_logit))
 
 

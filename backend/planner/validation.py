@@ -1,13 +1,18 @@
 """The planner against published vLLM startup logs: `python -m backend.planner.validation`.
 
 Each run in tests/data/vllm_logs.yaml (source, vLLM version, settings, logged figures) is estimated with the
-same PlanRequest fields and compared: KV cache GiB, KV tokens, weights GiB and whether vLLM started. The
-targets (issue 15): KV within 5% (or 1 GiB for pools under 20 GiB) on at least 90% of runs and within 10%
-(same 1 GiB allowance) on all; every start/refuse verdict right; weights within 2%.
+same PlanRequest fields and compared: KV cache GiB, KV tokens, weights GiB and whether vLLM started. Runs are
+in one of two splits: `fit` (constants may be chosen on them) and `held_out` (never used to choose one; the
+split of a new run is drawn from its id before the planner runs on it, split_for). Each run also falls into
+categories (TP > 1, long context on a small GPU, large vocabulary, MoE, ...) so that a family of misses
+shows. Targets (issue 33): on the held-out split, KV within 10% on at least 90% of runs, every start/refuse
+verdict right, and no category's median |KV error| above 10%; on the fit split, issue 15's (KV within 5%,
+or 1 GiB for pools under 20 GiB, on 90% and within 10% on all; weights within 2%).
 """
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -16,13 +21,23 @@ from pathlib import Path
 import yaml
 
 from backend.planner.advise import estimate
-from backend.planner.catalog import GIB
+from backend.planner.catalog import GIB, get_gpu
 from backend.planner.request import PlanRequest
+from backend.planner.sources import load_model_spec
+from backend.planner.validation_report import format_report
 
 LOGS_PATH = Path(__file__).resolve().parents[2] / "tests" / "data" / "vllm_logs.yaml"
 KV_TOLERANCE, KV_TOLERANCE_ALL, WEIGHTS_TOLERANCE = 0.05, 0.10, 0.02
 SMALL_POOL_GIB, SMALL_POOL_ALLOWANCE_GIB = 20.0, 1.0
 KV_SHARE_TARGET = 0.90
+SPLITS = ("fit", "held_out")
+LONG_CONTEXT, SMALL_GPU_GIB, LARGE_VOCAB = 65536, 48.0, 200_000
+
+
+def split_for(run_id: str) -> str:
+    """The split a new run joins, fixed by its id alone: held_out where sha256(id)'s first 8 hex digits
+    make an even number (about half)."""
+    return "held_out" if int(hashlib.sha256(run_id.encode()).hexdigest()[:8], 16) % 2 == 0 else "fit"
 
 
 @dataclass(slots=True, frozen=True)
@@ -37,6 +52,8 @@ class LoggedRun:
     settings: dict
     logged: dict
     excluded: str | None = None
+    split: str = "fit"
+    round: int | None = None  # the issue whose round added it (None: before the splits existed)
 
     def request(self) -> PlanRequest:
         return PlanRequest(
@@ -52,16 +69,20 @@ class RunResult:
     weights_gib: float
     starts: bool
     activation_gib: float
+    non_torch_gib: float
+    family: str
+    categories: tuple[str, ...] = ()
     kv_error: float | None = None  # relative, signed; None where the log has no positive KV figure
     kv_error_gib: float | None = None
     weights_error: float | None = None
     notes: list[str] = field(default_factory=list)
 
-    def kv_within(self, tolerance: float) -> bool | None:
+    def kv_within(self, tolerance: float, allowance: bool = True) -> bool | None:
+        """|KV error| within tolerance; with allowance, a pool under 20 GiB may also miss by up to 1 GiB."""
         if self.kv_error is None or self.kv_error_gib is None:
             return None
         small = self.run.logged["kv_cache_gib"] < SMALL_POOL_GIB
-        if small and abs(self.kv_error_gib) <= SMALL_POOL_ALLOWANCE_GIB:
+        if allowance and small and abs(self.kv_error_gib) <= SMALL_POOL_ALLOWANCE_GIB:
             return True
         return abs(self.kv_error) <= tolerance
 
@@ -72,23 +93,40 @@ class RunResult:
 
 @dataclass(slots=True, frozen=True)
 class Summary:
+    split: str
     counted: int  # runs not excluded
     kv_compared: int
-    kv_within_5: int
+    kv_within_5: int  # plain relative error
     kv_within_10: int
+    kv_within_5_allowed: int  # or within 1 GiB for pools under 20 GiB
+    kv_within_10_allowed: int
     verdicts: int
     verdicts_right: int
     weights_compared: int
     weights_within_2: int
     median_kv_error: float
+    category_median_errors: dict[str, float]
+
+    @property
+    def worst_category(self) -> tuple[str, float] | None:
+        if not self.category_median_errors:
+            return None
+        name = max(self.category_median_errors, key=lambda k: self.category_median_errors[k])
+        return name, self.category_median_errors[name]
 
     @property
     def meets_targets(self) -> bool:
-        kv_ok = (
-            self.kv_within_5 >= KV_SHARE_TARGET * self.kv_compared and self.kv_within_10 == self.kv_compared
-        )
         verdicts_ok = self.verdicts_right == self.verdicts
-        return kv_ok and verdicts_ok and self.weights_within_2 == self.weights_compared
+        worst = self.worst_category
+        categories_ok = worst is None or worst[1] <= KV_TOLERANCE_ALL
+        if self.split == "held_out":
+            return verdicts_ok and categories_ok and self.kv_within_10 >= KV_SHARE_TARGET * self.kv_compared
+        kv_ok = (
+            self.kv_within_5_allowed >= KV_SHARE_TARGET * self.kv_compared
+            and self.kv_within_10_allowed == self.kv_compared
+        )
+        weights_ok = self.weights_within_2 == self.weights_compared
+        return kv_ok and verdicts_ok and weights_ok and categories_ok
 
 
 def load_runs(path: Path = LOGS_PATH) -> list[LoggedRun]:
@@ -97,8 +135,26 @@ def load_runs(path: Path = LOGS_PATH) -> list[LoggedRun]:
     return [LoggedRun(**{k: v for k, v in run.items() if k in keys}) for run in runs]
 
 
+def categories(run: LoggedRun, max_model_len: int, tp: int, family: str) -> tuple[str, ...]:
+    """The kinds of deployment a run stands for (a run may be several)."""
+    spec, gpu = load_model_spec(run.model), get_gpu(run.gpu)
+    small = gpu.usable_bytes / GIB <= SMALL_GPU_GIB
+    found = {
+        "TP > 1": tp > 1,
+        "TP > 1 over PCIe": tp > 1 and "NVLink" not in gpu.interconnect,
+        "pipeline parallel": run.settings.get("pp", 1) > 1,
+        "long context on a small GPU": small and max_model_len >= LONG_CONTEXT,
+        "small GPU (<= 48 GiB)": small,
+        "large vocabulary (>= 200k)": spec.vocab_size >= LARGE_VOCAB,
+        "MoE": bool(spec.num_experts),
+        "V0 engine": "V0" in family,
+    }
+    return tuple(name for name, hit in found.items() if hit)
+
+
 def check_run(run: LoggedRun) -> RunResult:
     est = estimate(run.request())
+    terms = {t.name: t for t in est.memory_terms}
     result = RunResult(
         run=run,
         kv_gib=est.kv_cache_bytes / GIB,
@@ -106,6 +162,9 @@ def check_run(run: LoggedRun) -> RunResult:
         weights_gib=est.weights_bytes / GIB,
         starts=est.fits,
         activation_gib=est.activation_bytes / GIB,
+        non_torch_gib=terms["non-torch"].bytes / GIB if "non-torch" in terms else 0.0,
+        family=est.vllm_family,
+        categories=categories(run, est.max_model_len, est.tp, est.vllm_family),
     )
     logged_kv = run.logged.get("kv_cache_gib")
     if logged_kv is not None and logged_kv > 0:
@@ -116,69 +175,40 @@ def check_run(run: LoggedRun) -> RunResult:
     return result
 
 
-def summarize(results: list[RunResult]) -> Summary:
-    counted = [r for r in results if not r.run.excluded]
+def _category_medians(kv: list[RunResult]) -> dict[str, float]:
+    names = sorted({c for r in kv for c in r.categories})
+    return {
+        name: statistics.median(abs(r.kv_error or 0.0) for r in kv if name in r.categories) for name in names
+    }
+
+
+def summarize(results: list[RunResult], split: str = "fit") -> Summary:
+    counted = [r for r in results if not r.run.excluded and r.run.split == split]
     kv = [r for r in counted if r.kv_error is not None]
     kv_errors = [abs(r.kv_error) for r in kv if r.kv_error is not None]
     weights_errors = [abs(r.weights_error) for r in counted if r.weights_error is not None]
     return Summary(
+        split=split,
         counted=len(counted),
         kv_compared=len(kv),
-        kv_within_5=sum(bool(r.kv_within(KV_TOLERANCE)) for r in kv),
-        kv_within_10=sum(bool(r.kv_within(KV_TOLERANCE_ALL)) for r in kv),
+        kv_within_5=sum(bool(r.kv_within(KV_TOLERANCE, allowance=False)) for r in kv),
+        kv_within_10=sum(bool(r.kv_within(KV_TOLERANCE_ALL, allowance=False)) for r in kv),
+        kv_within_5_allowed=sum(bool(r.kv_within(KV_TOLERANCE)) for r in kv),
+        kv_within_10_allowed=sum(bool(r.kv_within(KV_TOLERANCE_ALL)) for r in kv),
         verdicts=len(counted),
         verdicts_right=sum(r.verdict_right for r in counted),
         weights_compared=len(weights_errors),
         weights_within_2=sum(error <= WEIGHTS_TOLERANCE for error in weights_errors),
         median_kv_error=statistics.median(kv_errors) if kv_errors else 0.0,
-    )
-
-
-def _cell(value: float | None, fmt: str) -> str:
-    width = int("".join(ch for ch in fmt.split(".")[0] if ch.isdigit()))
-    return f"{'-':>{width}}" if value is None else format(value, fmt)
-
-
-def format_row(r: RunResult) -> str:
-    logged = r.run.logged
-    verdict = ("start" if r.starts else "refuse") + ("" if r.verdict_right else " WRONG")
-    flag = "excluded" if r.run.excluded else ""
-    return (
-        f"{r.run.id:<32}{r.run.vllm_version:>8} {r.run.gpu:<10}"
-        f"{_cell(logged.get('weights_gib'), '8.2f')}{r.weights_gib:8.2f}{_cell(r.weights_error, '+8.1%')}"
-        f"{_cell(logged.get('kv_cache_gib'), '8.2f')}{r.kv_gib:8.2f}{_cell(r.kv_error, '+8.1%')}"
-        f"{_cell(logged.get('activation_gib'), '7.2f')}{r.activation_gib:7.2f}  {verdict:<13}{flag}"
-    )
-
-
-def format_table(results: list[RunResult]) -> str:
-    head = (
-        f"{'run':<32}{'vLLM':>8} {'GPU':<10}{'w log':>8}{'w est':>8}{'w err':>8}"
-        f"{'KV log':>8}{'KV est':>8}{'KV err':>8}{'act lg':>7}{'act es':>7}  verdict"
-    )
-    lines = [head, "-" * len(head), *(format_row(r) for r in results)]
-    excluded = [r for r in results if r.run.excluded]
-    lines += ["", "excluded (printed, not counted):", *(f"  {r.run.id}: {r.run.excluded}" for r in excluded)]
-    return "\n".join(lines)
-
-
-def format_summary(s: Summary) -> str:
-    return (
-        f"{s.counted} runs counted: KV cache within 5% (or 1 GiB under 20 GiB) on "
-        f"{s.kv_within_5}/{s.kv_compared}, "
-        f"within 10% on {s.kv_within_10}/{s.kv_compared}, median |error| {s.median_kv_error:.1%}; "
-        f"start/refuse verdicts right {s.verdicts_right}/{s.verdicts}; weights within 2% on "
-        f"{s.weights_within_2}/{s.weights_compared}; targets {'met' if s.meets_targets else 'NOT met'}"
+        category_median_errors=_category_medians(kv),
     )
 
 
 def main() -> int:
     results = [check_run(run) for run in load_runs()]
-    summary = summarize(results)
-    print(format_table(results))
-    print()
-    print(format_summary(summary))
-    return 0 if summary.meets_targets else 1
+    summaries = [summarize(results, split) for split in SPLITS]
+    print(format_report(results, summaries))
+    return 0 if all(s.meets_targets for s in summaries) else 1
 
 
 if __name__ == "__main__":

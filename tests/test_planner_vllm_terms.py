@@ -1,0 +1,120 @@
+"""vLLM's memory terms one by one, each against the figure a published startup log printed for it
+(tests/data/vllm_logs.yaml), and the version families that decide them (backend/planner/vllm_versions.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from backend.planner import PlanRequest, estimate
+from backend.planner.catalog import GIB
+from backend.planner.validation import load_runs
+from backend.planner.vllm_versions import FAMILIES, family_for
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = {r.id: r for r in load_runs()}
+
+
+def terms_of(run_id: str) -> dict:
+    est = estimate(RUNS[run_id].request())
+    return {t.name: t for t in est.memory_terms}
+
+
+def test_sort_sampler_term_matches_a_24_gb_log():
+    """Qwen3-8B FP8 on a 24 GB card, vLLM 0.10.2 (sort sampler): 256 requests x 151,936 logits x 38 bytes
+    = 1.38 GiB; the log's torch peak increase is 1.40 GiB (the sampler dominates a 2048-token forward)."""
+    terms = terms_of("rtx4090-qwen3-8b-fp8-v0.11")
+    assert terms["profile sampler"].bytes == 256 * 151936 * 38
+    assert terms["profile sampler"].bytes / GIB == pytest.approx(1.40, abs=0.03)
+    assert terms["profile forward pass"].bytes < terms["profile sampler"].bytes
+    assert terms["activation peak"].bytes == terms["profile sampler"].bytes
+
+
+def test_triton_sampler_term_matches_the_0_19_logs():
+    """vLLM 0.19 on an H100 (1024 default sequences): Qwen3-8B logs 2.21 GiB, Llama-3.1-8B 1.89 GiB."""
+    assert terms_of("llmdp-h100-qwen3-8b")["activation peak"].bytes / GIB == pytest.approx(2.21, rel=0.03)
+    llama = terms_of("llmdp-h100-llama3.1-8b-kv-fp8")
+    assert llama["activation peak"].bytes / GIB == pytest.approx(1.89, rel=0.02)
+    assert (
+        "1024 dummy requests" in llama["profile sampler"].how and "(sampler)" in llama["activation peak"].how
+    )
+
+
+def test_forward_term_is_per_rank_and_the_sampler_is_not():
+    """At TP=2 the forward pass's MLP activations are sharded, the gathered logits are not."""
+    tp1, tp2 = terms_of("llmdp-h100-qwen3-8b"), terms_of("llmdp-2xh100-qwen2.5-7b-tp2")
+    assert tp2["profile sampler"].bytes == 1024 * 152064 * 15.5
+    one = estimate(PlanRequest(model="Qwen/Qwen2.5-7B-Instruct", max_model_len=8192, vllm_version="0.19.0"))
+    forward_tp1 = {t.name: t for t in one.memory_terms}["profile forward pass"].bytes
+    assert tp2["profile forward pass"].bytes < forward_tp1 and tp1["budget"].bytes > 0
+
+
+@pytest.mark.parametrize(
+    ("run_id", "logged_gib"),
+    [
+        ("h100-llama3-8b-tp2-v0", 3.58),  # V0 0.6.4, TP=2 over NVLink (vllm#10511)
+        ("2x4090-r1-distill-qwen-14b-tp2", 0.25),  # V0 0.7.2, TP=2 over PCIe (vllm#13061)
+        ("llmd-2xh100-qwen3-32b-tp2", 0.54),  # 0.11.0, TP=2 on H100s (llm-d)
+        ("llmdp-2xh100-llama3.1-8b-tp2", 2.07),  # 0.19.0, TP=2 on H100s
+        ("llmdp-2xh100-llama3.1-8b-pp2", 0.07),  # 0.19.0, PP=2 alone
+    ],
+)
+def test_non_torch_term_by_family_and_link(run_id, logged_gib):
+    assert terms_of(run_id)["non-torch"].bytes / GIB == pytest.approx(logged_gib, abs=0.05)
+
+
+def test_the_terms_add_up_to_the_kv_cache():
+    """budget - every subtracted term = KV cache, to within one block (vLLM floors to whole blocks)."""
+    for run_id in ("llmdp-h100-qwen3-8b", "rtx4090-qwen3-8b-fp8-v0.11", "l40s-qwen3-8b-awq-tp2-v0.17"):
+        est = estimate(RUNS[run_id].request())
+        terms = {t.name: t for t in est.memory_terms}
+        left = terms["budget"].bytes - sum(t.bytes for t in est.memory_terms if t.subtracted)
+        assert 0 <= left - est.kv_cache_bytes < est.kv_bytes_per_token * 16 + 1, run_id
+    newest = estimate(PlanRequest(model="Qwen/Qwen3-8B", max_model_len=8192))
+    graphs = {t.name: t for t in newest.memory_terms}["CUDA graphs"]
+    assert graphs.subtracted and graphs.bytes > 0  # from 0.21 the estimate comes out of the budget
+
+
+def test_families_are_ordered_and_each_cites_its_source():
+    assert [f.since for f in FAMILIES] == sorted(f.since for f in FAMILIES)
+    assert all(f.source for f in FAMILIES)
+    assert family_for((0, 5, 4)).name.startswith("0.6") and not family_for((0, 7, 3)).is_v1
+    assert family_for((0, 10, 1)).large_gpu_defaults and not family_for((0, 8, 5)).large_gpu_defaults
+    assert family_for((0, 33, 0)).subtracts_cuda_graphs and not family_for((0, 20, 1)).subtracts_cuda_graphs
+
+
+def test_cli_json_reports_each_term_and_the_family():
+    out = subprocess.run(
+        [sys.executable, "app.py", "estimate", "--model", "Qwen/Qwen3-8B", "--max-model-len", "8192"]
+        + ["--vllm-version", "0.11.0", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    names = [t["name"] for t in data["memory_terms"]]
+    assert names == [
+        "budget",
+        "weights",
+        "profile forward pass",
+        "profile sampler",
+        "activation peak",
+        "non-torch",
+        "CUDA graphs",
+        "KV cache",
+    ]
+    assert data["vllm_family"] == "0.11-0.16"
+    table = subprocess.run(
+        [sys.executable, "app.py", "estimate", "--model", "Qwen/Qwen3-8B", "--max-model-len", "8192"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert "profile sampler" in table.stdout and "vLLM 0.21+" in table.stdout
