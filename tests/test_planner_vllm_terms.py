@@ -87,10 +87,12 @@ def test_families_are_ordered_and_each_cites_its_source():
     assert family_for((0, 33, 0)).subtracts_cuda_graphs and not family_for((0, 20, 1)).subtracts_cuda_graphs
 
 
+ESTIMATE = [sys.executable, "app.py", "estimate", "--model", "Qwen/Qwen3-8B", "--max-model-len", "8192"]
+
+
 def test_cli_json_reports_each_term_and_the_family():
     out = subprocess.run(
-        [sys.executable, "app.py", "estimate", "--model", "Qwen/Qwen3-8B", "--max-model-len", "8192"]
-        + ["--vllm-version", "0.11.0", "--json"],
+        [*ESTIMATE, "--vllm-version", "0.11.0", "--json"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -111,7 +113,7 @@ def test_cli_json_reports_each_term_and_the_family():
     ]
     assert data["vllm_family"] == "0.11-0.16"
     table = subprocess.run(
-        [sys.executable, "app.py", "estimate", "--model", "Qwen/Qwen3-8B", "--max-model-len", "8192"],
+        ESTIMATE,
         capture_output=True,
         text=True,
         cwd=ROOT,

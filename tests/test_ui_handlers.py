@@ -123,6 +123,17 @@ def test_plan_of_llama_8b_on_h100():
     assert "tok/s" in compare.layout.xaxis.title.text and "$" in compare.layout.xaxis2.title.text
     assert plan["model"] == PLAN_FORM["model"] and plan["gpu"] == "H100-80GB"
     assert "Recommendation" in recommendation
+    assert "Where the memory goes (vLLM 0.21+)" in kpis and "profile sampler" in kpis
+
+
+def test_plan_follows_the_vllm_version_of_the_form():
+    """vLLM 0.11 on an H100 (sort sampler, no CUDA-graph estimate in the budget): 1024 x 128,256 x 38 bytes."""
+    plan_new = plan_tab.estimate_plan(PLAN_FORM)[6]
+    outputs = plan_tab.estimate_plan({**PLAN_FORM, "vllm_version": "0.11.0"})
+    assert outputs[6]["vllm_version"] == "0.11.0" and plan_new["vllm_version"] == "0.33.0"
+    assert "(vLLM 0.11-0.16)" in outputs[1] and "x 38 bytes" in outputs[1]
+    bad = plan_tab.estimate_plan({**PLAN_FORM, "vllm_version": "latest"})
+    assert is_error(bad[5], "vllm_version", "0.11.2"), bad[5]
 
 
 def test_plan_recommendation_is_the_charts_configuration_for_a_gguf():

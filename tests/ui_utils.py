@@ -16,6 +16,7 @@ PLAN_FORM = dict(
     concurrency=16,
     util=0.92,
     engine="vllm",
+    vllm_version="0.33.0",
     ttft=0,
     tpot=0,
 )

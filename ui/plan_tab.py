@@ -10,6 +10,8 @@ import gradio as gr
 
 from backend.default_model import shown_name
 from backend.planner.request import ENGINES, PlanRequest
+from backend.planner.vllm_rules import VLLM_TARGET_VERSION
+from backend.planner.vllm_versions import version_choices
 from ui import charts
 from ui.common import (
     AppContext,
@@ -51,6 +53,7 @@ def plan_request(form: dict[str, Any]) -> PlanRequest:
         concurrency=required_int(form["concurrency"], "concurrency"),
         gpu_memory_utilization=required_float(form["util"], "gpu_memory_utilization", note=" in (0, 1]"),
         engine=form["engine"],
+        vllm_version=str(form.get("vllm_version") or "").strip() or None,
     )
 
 
@@ -76,7 +79,22 @@ def kpi_html(est: dict[str, Any]) -> str:
         ("Memory per GPU", f"{gib(est['total_bytes_per_gpu'])} of {gib(est.get('gpu_memory_bytes'))}"),
     ]
     body = "".join(f"<div class='kpi'><span>{name}</span><b>{value}</b></div>" for name, value in cells)
-    return f"<div class='kpis' id='plan-kpi-grid'>{body}</div>"
+    return f"<div class='kpis' id='plan-kpi-grid'>{body}</div>" + terms_html(est)
+
+
+def terms_html(est: dict[str, Any]) -> str:
+    """Each memory term beside how the engine computes it (Estimate.memory_terms); '-' marks the terms
+    taken out of the budget."""
+    family = f" (vLLM {html.escape(est['vllm_family'])})" if est.get("vllm_family") else ""
+    rows = "".join(
+        f"<tr><td>{'−' if t['subtracted'] else ''}</td><td>{html.escape(t['name'])}</td>"
+        f"<td>{gib(t['bytes'])}</td><td>{html.escape(t['how'])}</td></tr>"
+        for t in est.get("memory_terms", [])
+    )
+    return (
+        f"<details id='plan-memory-terms' open><summary>Where the memory goes{family}</summary>"
+        f"<table><tr><th></th><th>term</th><th>per GPU</th><th>how</th></tr>{rows}</table></details>"
+    )
 
 
 def badge_html(est: dict[str, Any]) -> str:
@@ -263,6 +281,13 @@ def build(ctx: AppContext, demo: gr.Blocks) -> PlanPanel:
             with gr.Row():
                 form["util"] = form_slider(0.5, 1.0, value=0.92, step=0.01, label="gpu_memory_utilization")
                 form["engine"] = gr.Dropdown(list(ENGINES), value="vllm", label="Serving engine")
+                form["vllm_version"] = gr.Dropdown(
+                    version_choices(VLLM_TARGET_VERSION),
+                    value=VLLM_TARGET_VERSION,
+                    label="vLLM version (its defaults and accounting)",
+                    allow_custom_value=True,
+                    elem_id="plan-vllm-version",
+                )
             with gr.Row():
                 form["ttft"] = form_number(0, label="Target TTFT (ms, 0 = none)", minimum=0)
                 form["tpot"] = form_number(0, label="Target time per output token (ms, 0 = none)", minimum=0)

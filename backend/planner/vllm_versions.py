@@ -123,7 +123,8 @@ FAMILIES: tuple[VllmFamily, ...] = (
         "llm-d-planner version sweep (0.18) and v0.19.0 logs",
     ),
     # 0.21: the CUDA-graph pool is estimated before the KV cache is sized and subtracted from the budget
-    # ("CUDA graph memory profiling is enabled (default since v0.21.0)", VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS).
+    # ("CUDA graph memory profiling is enabled (default since v0.21.0)";
+    # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS).
     VllmFamily(
         "0.21+",
         (0, 21, 0),
@@ -155,3 +156,9 @@ def non_torch_gib(family: VllmFamily, tp: int, pp: int, nvlink: bool) -> float:
 
 def non_torch_bytes(family: VllmFamily, tp: int, pp: int, nvlink: bool) -> int:
     return int(non_torch_gib(family, tp, pp, nvlink) * GIB)
+
+
+def version_choices(target: str) -> list[str]:
+    """The versions a form offers: the export's target, then the first release of each family, newest first."""
+    firsts = [".".join(map(str, f.since)) for f in reversed(FAMILIES)]
+    return list(dict.fromkeys([target, *firsts]))
