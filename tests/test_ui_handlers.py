@@ -127,7 +127,7 @@ def test_plan_of_llama_8b_on_h100():
 
 
 def test_plan_follows_the_vllm_version_of_the_form():
-    """vLLM 0.11 on an H100 (sort sampler, no CUDA-graph estimate in the budget): 1024 x 128,256 x 38 bytes."""
+    """vLLM 0.11 on an H100 (sort sampler, no CUDA-graph estimate in the budget): 1024 x 128,256 x 38 B."""
     plan_new = plan_tab.estimate_plan(PLAN_FORM)[6]
     outputs = plan_tab.estimate_plan({**PLAN_FORM, "vllm_version": "0.11.0"})
     assert outputs[6]["vllm_version"] == "0.11.0" and plan_new["vllm_version"] == "0.33.0"

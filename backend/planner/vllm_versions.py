@@ -159,6 +159,6 @@ def non_torch_bytes(family: VllmFamily, tp: int, pp: int, nvlink: bool) -> int:
 
 
 def version_choices(target: str) -> list[str]:
-    """The versions a form offers: the export's target, then the first release of each family, newest first."""
+    """The versions a form offers: the export's target, then each family's first release, newest first."""
     firsts = [".".join(map(str, f.since)) for f in reversed(FAMILIES)]
     return list(dict.fromkeys([target, *firsts]))
