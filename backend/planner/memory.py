@@ -117,15 +117,18 @@ def forward_activation_bytes(spec: ModelSpec, tokens: int, tp: int, act_bytes: i
     """Peak activation of one forward pass over `tokens` tokens (an engine's profile run).
 
     Dense MLP: the gate/up output (2I) and the activated product (I), sharded by TP, plus two hidden-size
-    buffers. MoE: the fused-MoE caches hold top_k copies of those. Checked against V0's logged activation
-    peak where the forward pass dominates (tests/data/vllm_logs.yaml): 1.91 vs 2.07 GiB (Llama-3.1-8B,
-    20000 tokens), 3.91 vs 4.35 GiB (Qwen2.5-7B, 32768 tokens)."""
+    buffers and the attention's q/k/v output (heads + 2 x KV heads) x head_dim / TP, which the eager
+    profile still holds. MoE: the fused-MoE caches hold top_k copies of the MLP part. Checked against V0's
+    logged peaks where the forward pass dominates (fit split of tests/data/vllm_logs.yaml): 2.14 vs 2.07
+    GiB (Llama-3.1-8B, 20000 tokens), 3.10 vs 2.99 (29000 tokens), 4.19 vs 4.35 (Qwen2.5-7B, 32768); the
+    MLP part alone gave 1.91, 2.77 and 3.91."""
     hidden = spec.hidden_size
+    qkv = (spec.num_attention_heads + 2 * spec.num_key_value_heads) * spec.head_dim / tp
     if spec.num_experts:
         k = spec.num_experts_per_tok
-        per_token = 3 * spec.moe_intermediate_size * k / tp + k * hidden + 2 * hidden
+        per_token = 3 * spec.moe_intermediate_size * k / tp + k * hidden + 2 * hidden + qkv
     else:
-        per_token = 3 * spec.intermediate_size / tp + 2 * hidden
+        per_token = 3 * spec.intermediate_size / tp + 2 * hidden + qkv
     return int(tokens * per_token * act_bytes)
 
 
