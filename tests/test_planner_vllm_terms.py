@@ -85,6 +85,31 @@ def test_families_are_ordered_and_each_cites_its_source():
     assert family_for((0, 5, 4)).name.startswith("0.6") and not family_for((0, 7, 3)).is_v1
     assert family_for((0, 10, 1)).large_gpu_defaults and not family_for((0, 8, 5)).large_gpu_defaults
     assert family_for((0, 33, 0)).subtracts_cuda_graphs and not family_for((0, 20, 1)).subtracts_cuda_graphs
+    # FlashInfer's sampler: off by default before 0.22 (unset = a pip install without FlashInfer up to
+    # 0.11.0, then vllm#26859), on from 0.22 (vllm#40376)
+    assert not family_for((0, 21, 0)).flashinfer_sampler_default and family_for((0, 22, 0)).flashinfer_sampler_default
+
+
+def test_the_sampler_path_sets_the_profile_sampler_term():
+    """The same run with FlashInfer's sampler and without: 14 bytes a logit against the sort's 38 (0.10)."""
+    base = dict(model="Qwen/Qwen2.5-7B-Instruct", gpu="A100-80GB", vllm_version="0.10.1")
+    terms = {}
+    for fi in (True, False, None):
+        est = estimate(PlanRequest(**base, flashinfer_sampler=fi, max_model_len=16384))
+        terms[fi] = {t.name: t for t in est.memory_terms}["profile sampler"]
+    logits = 256 * 152_064
+    assert terms[True].bytes == int(logits * 14) and "FlashInfer" in terms[True].how
+    assert terms[False].bytes == terms[None].bytes == int(logits * 38)
+
+
+def test_custom_all_reduce_off_charges_the_nccl_only_non_torch():
+    """TP=2 A100s without P2P (vLLM: "Custom allreduce is disabled") get the PCIe figure, not NVLink's."""
+    base = dict(model="Qwen/Qwen2.5-7B-Instruct", gpu="A100-80GB", num_gpus=2, vllm_version="0.10.1")
+    on = estimate(PlanRequest(**base, max_model_len=16384))
+    off = estimate(PlanRequest(**base, max_model_len=16384, disable_custom_all_reduce=True))
+    nt_on = {t.name: t for t in on.memory_terms}["non-torch"]
+    nt_off = {t.name: t for t in off.memory_terms}["non-torch"]
+    assert nt_on.bytes > nt_off.bytes and "NCCL only" in nt_off.how
 
 
 ESTIMATE = [sys.executable, "app.py", "estimate", "--model", "Qwen/Qwen3-8B", "--max-model-len", "8192"]
@@ -119,4 +144,4 @@ def test_cli_json_reports_each_term_and_the_family():
         cwd=ROOT,
         timeout=120,
     )
-    assert "profile sampler" in table.stdout and "vLLM 0.21+" in table.stdout
+    assert "profile sampler" in table.stdout and "vLLM 0.22+" in table.stdout

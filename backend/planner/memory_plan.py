@@ -121,7 +121,7 @@ def _base_plan(req: PlanRequest, spec: ModelSpec, lay: Layout) -> MemoryPlan:
         max_sequence_bytes=memory.kv_bytes_per_sequence(spec, max_len, kv_bytes, tp, pp, bs),
         activation=0,
         overhead=(
-            non_torch_bytes(lay.limits.family, lay.gpu, tp, pp)
+            non_torch_bytes(lay.limits.family, lay.gpu, tp, pp, req.disable_custom_all_reduce)
             if req.engine == "vllm"
             else memory.non_torch_bytes(tp * pp)
         ),

@@ -15,6 +15,7 @@ from backend.planner.catalog import GIB
 from backend.planner.memory_plan import Layout, MemoryPlan
 from backend.planner.request import PlanRequest
 from backend.planner.specs import ModelSpec
+from backend.planner.vllm_rules import custom_all_reduce
 
 
 @dataclass(slots=True, frozen=True)
@@ -33,13 +34,15 @@ def _gib(nbytes: float) -> str:
 
 
 def _profile_terms(spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> list[MemoryTerm]:
-    limits, fam = lay.limits, lay.limits.family
+    limits = lay.limits
     tokens = limits.max_num_batched_tokens
     num_reqs = 0 if (not limits.is_v1 and limits.chunked_prefill) else min(limits.max_num_seqs, tokens)
     forward = memory.forward_activation_bytes(spec, tokens, lay.tp)
-    sampler = memory.sampler_bytes(spec, num_reqs, fam.sampler_bytes_per_logit)
+    per_logit = limits.sampler_bytes_per_logit
+    sampler = memory.sampler_bytes(spec, num_reqs, per_logit)
+    path = "FlashInfer top-k/top-p" if limits.uses_flashinfer_sampler else "vLLM's own top-k/top-p"
     sampler_how = (
-        f"{num_reqs} dummy requests x {spec.vocab_size:,} logits x {fam.sampler_bytes_per_logit:g} bytes "
+        f"{num_reqs} dummy requests x {spec.vocab_size:,} logits x {per_logit:g} bytes, {path} "
         f"(min(max_num_seqs {limits.max_num_seqs}, max_num_batched_tokens {tokens}); gathered whole on "
         "every TP rank)"
         if num_reqs
@@ -63,7 +66,11 @@ def vllm_terms(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan)
     fam = lay.limits.family
     budget = int(lay.gpu.usable_bytes * req.gpu_memory_utilization)
     graphs_in = lay.limits.subtracts_cuda_graphs
-    link = "NVLink" if "NVLink" in lay.gpu.interconnect else "PCIe"
+    link = (
+        "NVLink, custom all-reduce"
+        if custom_all_reduce(lay.gpu, req.disable_custom_all_reduce)
+        else "NCCL only (no NVLink, or custom all-reduce off)"
+    )
     return [
         MemoryTerm(
             "budget",
@@ -77,7 +84,7 @@ def vllm_terms(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan)
             "non-torch",
             plan.overhead,
             True,
-            f"vLLM {fam.name}, TP={lay.tp} PP={req.pp} over {link} (NCCL / all-reduce buffers)",
+            f"vLLM {fam.name}, TP={lay.tp} PP={req.pp}, {link}",
         ),
         MemoryTerm(
             "CUDA graphs",

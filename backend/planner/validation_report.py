@@ -51,8 +51,11 @@ def format_summary(s: Summary) -> str:
 
 
 def format_categories(s: Summary) -> str:
-    rows = [f"  {name:<30}{err:>8.1%}" for name, err in sorted(s.category_median_errors.items())]
-    return "\n".join([f"{s.split}: median |KV error| by category", *rows])
+    rows = [
+        f"  {name:<36}{err:>8.1%}   {s.category_within_10[name][0]:>3}/{s.category_within_10[name][1]:<3}"
+        for name, err in sorted(s.category_median_errors.items())
+    ]
+    return "\n".join([f"{s.split}: median |KV error| by category, and runs within 10%", *rows])
 
 
 def format_report(results: list[RunResult], summaries: list[Summary]) -> str:

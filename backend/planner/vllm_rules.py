@@ -50,6 +50,11 @@ class SchedulerLimits:
     max_num_batched_tokens: int
     chunked_prefill: bool
     family: VllmFamily = FAMILIES[-1]
+    flashinfer_sampler: bool | None = None  # the request's setting; None = the family's default
+
+    @property
+    def uses_flashinfer_sampler(self) -> bool:
+        return vllm_versions.uses_flashinfer_sampler(self.family, self.flashinfer_sampler)
 
     @property
     def subtracts_cuda_graphs(self) -> bool:
@@ -58,8 +63,8 @@ class SchedulerLimits:
 
     @property
     def sampler_bytes_per_logit(self) -> float:
-        """Live bytes per logit of the profile's dummy sampler run."""
-        return self.family.sampler_bytes_per_logit
+        """Live bytes per logit of the profile's dummy sampler run (FlashInfer's path or vLLM's own)."""
+        return vllm_versions.sampler_bytes_per_logit(self.family, self.flashinfer_sampler)
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
@@ -112,12 +117,28 @@ def resolve_limits(req: PlanRequest, gpu: GPU, max_model_len: int) -> SchedulerL
     chunked = limits.chunked_prefill
     if not limits.is_v1 and req.max_num_batched_tokens and req.max_num_batched_tokens < max_model_len:
         chunked = True  # V0 only accepts a budget below max_model_len with chunked prefill
-    return replace(limits, max_num_seqs=seqs, max_num_batched_tokens=tokens, chunked_prefill=chunked)
+    return replace(
+        limits,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=tokens,
+        chunked_prefill=chunked,
+        flashinfer_sampler=req.flashinfer_sampler,
+    )
 
 
-def non_torch_bytes(family: VllmFamily, gpu: GPU, tp: int, pp: int) -> int:
+def custom_all_reduce(gpu: GPU, disable_custom_all_reduce: bool) -> bool:
+    """vLLM's custom all-reduce (and NVLS / symmetric memory) runs only over NVLink: without peer-to-peer
+    access, across nodes or with --disable-custom-all-reduce it logs "Custom allreduce is disabled" and
+    NCCL's rings carry the all-reduce (vllm/distributed/device_communicators/custom_all_reduce.py)."""
+    return "NVLink" in gpu.interconnect and not disable_custom_all_reduce
+
+
+def non_torch_bytes(
+    family: VllmFamily, gpu: GPU, tp: int, pp: int, disable_custom_all_reduce: bool = False
+) -> int:
     """vLLM's non-torch memory per GPU for this family and layout (vllm_versions.NonTorch)."""
-    return vllm_versions.non_torch_bytes(family, tp, pp, "NVLink" in gpu.interconnect)
+    nvlink = custom_all_reduce(gpu, disable_custom_all_reduce)
+    return vllm_versions.non_torch_bytes(family, tp, pp, nvlink)
 
 
 def with_scheduler_defaults(req: PlanRequest, max_model_len: int | None = None) -> PlanRequest:
