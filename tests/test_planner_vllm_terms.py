@@ -74,9 +74,9 @@ def test_the_terms_add_up_to_the_kv_cache():
         terms = {t.name: t for t in est.memory_terms}
         left = terms["budget"].bytes - sum(t.bytes for t in est.memory_terms if t.subtracted)
         assert 0 <= left - est.kv_cache_bytes < est.kv_bytes_per_token * 16 + 1, run_id
-    newest = estimate(PlanRequest(model="Qwen/Qwen3-8B", max_model_len=8192))
-    graphs = {t.name: t for t in newest.memory_terms}["CUDA graphs"]
-    assert graphs.subtracted and graphs.bytes > 0  # from 0.21 the estimate comes out of the budget
+    v21 = estimate(PlanRequest(model="Qwen/Qwen3-8B", max_model_len=8192, vllm_version="0.21.0"))
+    graphs = {t.name: t for t in v21.memory_terms}["CUDA graphs"]
+    assert graphs.subtracted and graphs.bytes > 0  # from 0.21 V1's estimate comes out of the budget
 
 
 def test_families_are_ordered_and_each_cites_its_source():
@@ -87,7 +87,10 @@ def test_families_are_ordered_and_each_cites_its_source():
     assert family_for((0, 33, 0)).subtracts_cuda_graphs and not family_for((0, 20, 1)).subtracts_cuda_graphs
     # FlashInfer's sampler: off by default before 0.22 (unset = a pip install without FlashInfer up to
     # 0.11.0, then vllm#26859), on from 0.22 (vllm#40376)
-    assert not family_for((0, 21, 0)).flashinfer_sampler_default and family_for((0, 22, 0)).flashinfer_sampler_default
+    assert (
+        not family_for((0, 21, 0)).flashinfer_sampler_default
+        and family_for((0, 22, 0)).flashinfer_sampler_default
+    )
 
 
 def test_the_sampler_path_sets_the_profile_sampler_term():
@@ -144,4 +147,30 @@ def test_cli_json_reports_each_term_and_the_family():
         cwd=ROOT,
         timeout=120,
     )
-    assert "profile sampler" in table.stdout and "vLLM 0.22+" in table.stdout
+    assert "profile sampler" in table.stdout and "vLLM 0.29+" in table.stdout
+
+
+def test_model_runner_v2_profiles_a_plain_sampler_and_keeps_penalty_bins():
+    """Dense models on 0.25+ go through Model Runner V2: a 6-byte-a-logit dummy sampler (no top-k/top-p),
+    max_num_seqs x vocabulary penalty bins at 4.125 bytes held all along, and no CUDA-graph estimate taken
+    from the budget (profile_cudagraph_memory returns 0); MoE models stay on V1 until 0.29."""
+    dense = estimate(
+        PlanRequest(
+            model="Qwen/Qwen3-32B",
+            gpu="RTX-PRO-6000",
+            num_gpus=2,
+            max_model_len=32768,
+            gpu_memory_utilization=0.426,
+            vllm_version="0.27.1",
+        )
+    )
+    terms = {t.name: t for t in dense.memory_terms}
+    logits = 1024 * 151_936  # >= 70 GiB card: 1024 sequences
+    assert terms["profile sampler"].bytes == int(logits * 6)
+    assert terms["sampler state"].bytes == int(logits * 4.125)
+    assert not terms["CUDA graphs"].subtracted
+    moe = estimate(PlanRequest(model="Qwen/Qwen3-30B-A3B", max_model_len=8192, vllm_version="0.27.1"))
+    moe_terms = {t.name: t for t in moe.memory_terms}
+    assert "sampler state" not in moe_terms and moe_terms["CUDA graphs"].subtracted
+    late = estimate(PlanRequest(model="Qwen/Qwen3-30B-A3B", max_model_len=8192, vllm_version="0.29.0"))
+    assert "sampler state" in {t.name for t in late.memory_terms}

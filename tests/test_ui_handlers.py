@@ -123,7 +123,7 @@ def test_plan_of_llama_8b_on_h100():
     assert "tok/s" in compare.layout.xaxis.title.text and "$" in compare.layout.xaxis2.title.text
     assert plan["model"] == PLAN_FORM["model"] and plan["gpu"] == "H100-80GB"
     assert "Recommendation" in recommendation
-    assert "Where the memory goes (vLLM 0.22+)" in kpis and "profile sampler" in kpis
+    assert "Where the memory goes (vLLM 0.29+)" in kpis and "profile sampler" in kpis
 
 
 def test_plan_follows_the_vllm_version_of_the_form():

@@ -135,15 +135,44 @@ def _base_plan(req: PlanRequest, spec: ModelSpec, lay: Layout) -> MemoryPlan:
     )
 
 
-def _vllm(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> None:
-    """vllm/v1/worker/gpu_worker.py determine_available_memory (V0: worker/worker.py
-    determine_num_available_blocks): total x gpu_memory_utilization - weights - activation peak -
-    non-torch memory (- the CUDA-graph estimate from 0.21), floored to whole blocks."""
+@dataclass(slots=True, frozen=True)
+class ProfileParts:
+    """What vLLM's profile run holds at its peak, per GPU: the forward pass over max_num_batched_tokens,
+    the dummy sampler over num_reqs rows, and the sampler state Model Runner V2 keeps all along."""
+
+    num_reqs: int
+    forward: int
+    sampler: int
+    sampler_state: int
+
+    @property
+    def peak(self) -> int:
+        """The forward pass and the sampler run one after the other; the state sits under both."""
+        return self.sampler_state + max(self.forward, self.sampler)
+
+
+def vllm_profile_parts(spec: ModelSpec, lay: Layout) -> ProfileParts:
+    """profile_run's parts (vllm/v1/worker/gpu_model_runner.py, Model Runner V2's gpu/model_runner.py;
+    V0 with chunked prefill runs no sampler in its profile)."""
     limits = lay.limits
     tokens = limits.max_num_batched_tokens
     v0_chunked = not limits.is_v1 and limits.chunked_prefill
     num_reqs = 0 if v0_chunked else min(limits.max_num_seqs, tokens)
-    plan.activation = memory.vllm_profile_peak(spec, tokens, num_reqs, lay.tp, limits.sampler_bytes_per_logit)
+    sampled_rows = math.ceil(num_reqs / lay.tp) if limits.sampler_shards else num_reqs
+    return ProfileParts(
+        num_reqs,
+        memory.forward_activation_bytes(spec, tokens, lay.tp),
+        memory.sampler_bytes(spec, sampled_rows, limits.sampler_bytes_per_logit),
+        memory.sampler_bytes(spec, limits.max_num_seqs, limits.sampler_state_bytes_per_logit),
+    )
+
+
+def _vllm(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> None:
+    """vllm/v1/worker/gpu_worker.py determine_available_memory (V0: worker/worker.py
+    determine_num_available_blocks): total x gpu_memory_utilization - weights - activation peak -
+    non-torch memory (- the CUDA-graph estimate from 0.21 on Model Runner V1), floored to whole blocks."""
+    limits = lay.limits
+    plan.activation = vllm_profile_parts(spec, lay).peak
     budget = int(lay.gpu.usable_bytes * req.gpu_memory_utilization) - plan.weights
     budget -= plan.overhead + (plan.cuda_graphs if limits.subtracts_cuda_graphs else 0)
     per_block = plan.kv_bytes_per_token * req.block_size

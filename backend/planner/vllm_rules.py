@@ -51,19 +51,37 @@ class SchedulerLimits:
     chunked_prefill: bool
     family: VllmFamily = FAMILIES[-1]
     flashinfer_sampler: bool | None = None  # the request's setting; None = the family's default
+    model_runner_v2: bool = False  # vLLM serves this model through Model Runner V2 (vllm_versions)
 
     @property
     def uses_flashinfer_sampler(self) -> bool:
-        return vllm_versions.uses_flashinfer_sampler(self.family, self.flashinfer_sampler)
+        """FlashInfer's top-k/top-p path in the profile (Model Runner V2's dummy batch uses none)."""
+        return not self.model_runner_v2 and vllm_versions.uses_flashinfer_sampler(
+            self.family, self.flashinfer_sampler
+        )
+
+    @property
+    def sampler_state_bytes_per_logit(self) -> float:
+        """Bytes per max_num_seqs x vocabulary logit the sampler keeps (MRV2's penalty bins)."""
+        return vllm_versions.MRV2_SAMPLER_STATE_BYTES_PER_LOGIT if self.model_runner_v2 else 0.0
+
+    @property
+    def sampler_shards(self) -> bool:
+        """Each TP rank samples 1/TP of the dummy batch (MRV2 batch-sharded sampling)."""
+        return self.model_runner_v2 and self.family.sharded_sampling
 
     @property
     def subtracts_cuda_graphs(self) -> bool:
-        """The CUDA-graph estimate comes out of the KV budget (vLLM >= 0.21)."""
-        return self.family.subtracts_cuda_graphs
+        """The CUDA-graph estimate comes out of the KV budget (vLLM >= 0.21 on Model Runner V1; V2's
+        profile_cudagraph_memory() returns 0)."""
+        return self.family.subtracts_cuda_graphs and not self.model_runner_v2
 
     @property
     def sampler_bytes_per_logit(self) -> float:
-        """Live bytes per logit of the profile's dummy sampler run (FlashInfer's path or vLLM's own)."""
+        """Live bytes per logit of the profile's dummy sampler run (FlashInfer's path, vLLM's own, or
+        Model Runner V2's top-k/top-p-free dummy batch)."""
+        if self.model_runner_v2:
+            return vllm_versions.MRV2_SAMPLER_BYTES_PER_LOGIT
         return vllm_versions.sampler_bytes_per_logit(self.family, self.flashinfer_sampler)
 
 
@@ -109,8 +127,9 @@ def scheduler_limits(
     return SchedulerLimits(version, True, seqs, tokens, True, family)
 
 
-def resolve_limits(req: PlanRequest, gpu: GPU, max_model_len: int) -> SchedulerLimits:
-    """The request's own max_num_seqs / max_num_batched_tokens where set, the engine's defaults elsewhere."""
+def resolve_limits(req: PlanRequest, gpu: GPU, max_model_len: int, moe: bool = False) -> SchedulerLimits:
+    """The request's own max_num_seqs / max_num_batched_tokens where set, the engine's defaults elsewhere;
+    moe: the model is a mixture of experts (Model Runner V2 reaches those later)."""
     limits = scheduler_limits(req.engine, req.vllm_version, req.usage_context, gpu, max_model_len)
     seqs = req.max_num_seqs or limits.max_num_seqs
     tokens = req.max_num_batched_tokens or limits.max_num_batched_tokens
@@ -123,6 +142,9 @@ def resolve_limits(req: PlanRequest, gpu: GPU, max_model_len: int) -> SchedulerL
         max_num_batched_tokens=tokens,
         chunked_prefill=chunked,
         flashinfer_sampler=req.flashinfer_sampler,
+        model_runner_v2=(
+            req.engine == "vllm" and limits.is_v1 and vllm_versions.uses_model_runner_v2(limits.family, moe)
+        ),
     )
 
 

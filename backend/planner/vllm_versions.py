@@ -27,6 +27,14 @@ TRITON_SAMPLER_BYTES_PER_LOGIT = 15.5
 # copy 4 + top_k_mask_logits' masked copy 4 + softmax probabilities 4 = 14; no sort, no int64 indices.
 # "Using FlashInfer for top-p & top-k sampling." in the log says this path ran.
 FLASHINFER_SAMPLER_BYTES_PER_LOGIT = 14.0
+# Model Runner V2 (vllm/v1/worker/gpu/model_runner.py, the default for dense models from 0.25 and for all
+# from 0.29): _dummy_sampler_run samples a dummy batch whose requests have no top-k / top-p ("the sampler
+# may skip top_k, top_p, and logprobs"), so the profile holds the bf16 logits 2 + the sampler's fp32 copy
+# 4 (gpu/sample/sampler.py) = 6 bytes a logit; and its PenaltiesState keeps max_num_seqs x vocabulary
+# int32 output_bin_counts plus a bit mask (gpu/sample/penalties.py: "can be very large, taking up GBs")
+# for as long as the engine runs, 4 + 1/8 bytes a logit.
+MRV2_SAMPLER_BYTES_PER_LOGIT = 6.0
+MRV2_SAMPLER_STATE_BYTES_PER_LOGIT = 4.125
 
 
 @dataclass(slots=True, frozen=True)
@@ -51,8 +59,11 @@ class VllmFamily:
     native_sampler_bytes: float  # per logit, vLLM's own top-k/top-p path (PyTorch sort, later Triton)
     flashinfer_sampler_default: bool  # FlashInfer's sampler runs unless told not to (installed by default)
     non_torch: NonTorch
-    subtracts_cuda_graphs: bool  # the CUDA-graph estimate comes out of the KV budget
+    subtracts_cuda_graphs: bool  # the CUDA-graph estimate comes out of the KV budget (Model Runner V1)
     source: str
+    mrv2_dense: bool = False  # Model Runner V2 serves dense models (vllm#44443)
+    mrv2_moe: bool = False  # ... and MoE models
+    sharded_sampling: bool = False  # each TP rank samples 1/TP of the rows (MRV2 batch-sharded sampling)
 
 
 # V0 (0.6-0.7): vllm/worker/worker.py determine_num_available_blocks; non-torch 0.01-0.10 GiB at TP=1
@@ -158,7 +169,7 @@ FAMILIES: tuple[VllmFamily, ...] = (
     # log prints "Using FlashInfer for top-p & top-k sampling." with no opt-in. No 0.20 / 0.21 log with
     # that line was found, so 0.20 and 0.21 keep the Triton path of 0.17-0.19.
     VllmFamily(
-        "0.22+",
+        "0.22-0.24",
         (0, 22, 0),
         True,
         True,
@@ -167,6 +178,38 @@ FAMILIES: tuple[VllmFamily, ...] = (
         NonTorch(0.25, 0.07, 2.1, 0.25),
         True,
         "vllm#40376 (FlashInfer sampler on by default); vLLM 0.22.0 startup log",
+    ),
+    # 0.25: Model Runner V2 becomes the default for dense models (vllm#44443 merged 2026-07-02; 0.25.1 adds
+    # "or not model_config.is_moe" to VllmConfig._is_default_v2_model_runner_model; a 0.27.1 log loads
+    # through model_runner.py). Its profile (MRV2_SAMPLER_* above) and its profile_cudagraph_memory(),
+    # which returns 0, so no CUDA-graph estimate comes out of the budget; MoE models stay on V1.
+    VllmFamily(
+        "0.25-0.28",
+        (0, 25, 0),
+        True,
+        True,
+        TRITON_SAMPLER_BYTES_PER_LOGIT,
+        True,
+        NonTorch(0.25, 0.07, 2.1, 0.25),
+        True,
+        "vllm#44443; vllm/v1/worker/gpu/model_runner.py, sample/sampler.py, sample/penalties.py",
+        mrv2_dense=True,
+    ),
+    # 0.29: "MRV2 is now the default runner for all models", with batch-sharded sampling that "reduces
+    # per-step logits memory by 1/TP" (v0.29.0 release notes; vllm/v1/worker/gpu/sample/batch_shard.py).
+    VllmFamily(
+        "0.29+",
+        (0, 29, 0),
+        True,
+        True,
+        TRITON_SAMPLER_BYTES_PER_LOGIT,
+        True,
+        NonTorch(0.25, 0.07, 2.1, 0.25),
+        True,
+        "vLLM 0.29.0 release notes (MRV2 for all models, batch-sharded sampling)",
+        mrv2_dense=True,
+        mrv2_moe=True,
+        sharded_sampling=True,
     ),
 )
 
@@ -178,6 +221,11 @@ def family_for(version: tuple[int, int, int]) -> VllmFamily:
         if version >= family.since:
             found = family
     return found
+
+
+def uses_model_runner_v2(family: VllmFamily, moe: bool) -> bool:
+    """Whether this release serves the model through Model Runner V2."""
+    return family.mrv2_moe if moe else family.mrv2_dense
 
 
 def uses_flashinfer_sampler(family: VllmFamily, flashinfer_sampler: bool | None) -> bool:
