@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backend.planner import memory
 from backend.planner.catalog import GIB
 from backend.planner.memory_plan import Layout, MemoryPlan, vllm_profile_parts
 from backend.planner.request import PlanRequest

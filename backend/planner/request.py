@@ -51,7 +51,7 @@ class PlanRequest:
     # vLLM's VLLM_USE_FLASHINFER_SAMPLER as it took effect (the log's topk_topp_sampler line); None = the
     # version's default (vllm_versions.VllmFamily.flashinfer_sampler_default)
     flashinfer_sampler: bool | None = None
-    disable_custom_all_reduce: bool = False  # vLLM's flag, or vLLM turned it off itself (no P2P, across nodes)
+    disable_custom_all_reduce: bool = False  # vLLM's flag, or vLLM turned it off (no P2P, across nodes)
 
     @property
     def tensor_parallel_size(self) -> int:

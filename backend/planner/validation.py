@@ -24,9 +24,9 @@ from backend.planner.advise import estimate
 from backend.planner.catalog import GIB, get_gpu
 from backend.planner.request import PlanRequest
 from backend.planner.sources import load_model_spec
+from backend.planner.validation_report import format_report
 from backend.planner.vllm_rules import custom_all_reduce, resolve_limits
 from backend.planner.vllm_versions import FAMILIES
-from backend.planner.validation_report import format_report
 
 LOGS_PATH = Path(__file__).resolve().parents[2] / "tests" / "data" / "vllm_logs.yaml"
 KV_TOLERANCE, KV_TOLERANCE_ALL, WEIGHTS_TOLERANCE = 0.05, 0.10, 0.02
@@ -173,6 +173,11 @@ def categories(run: LoggedRun, max_model_len: int, tp: int, family: str, kv_gib:
     return tuple(name for name, hit in found.items() if hit)
 
 
+def _kv_scale(run: LoggedRun, planned_kv: int) -> float:
+    """The KV cache a run's sensitivity is measured against: the logged figure, else the planned one."""
+    return run.logged.get("kv_cache_gib") or planned_kv / GIB
+
+
 def check_run(run: LoggedRun) -> RunResult:
     est = estimate(run.request())
     terms = {t.name: t for t in est.memory_terms}
@@ -186,7 +191,7 @@ def check_run(run: LoggedRun) -> RunResult:
         non_torch_gib=terms["non-torch"].bytes / GIB if "non-torch" in terms else 0.0,
         family=est.vllm_family,
         categories=categories(
-            run, est.max_model_len, est.tp, est.vllm_family, run.logged.get("kv_cache_gib") or est.kv_cache_bytes / GIB
+            run, est.max_model_len, est.tp, est.vllm_family, _kv_scale(run, est.kv_cache_bytes)
         ),
     )
     logged_kv = run.logged.get("kv_cache_gib")
