@@ -34,7 +34,7 @@ V0_CHUNKED_BATCHED_TOKENS = 2048
 # vllm/engine/arg_utils.py _is_v1_supported_oracle (0.8-0.10): "Compute Capability < 8.0 is not
 # supported by the V1 Engine. Falling back to V0."; the V0 engine was removed in 0.11.
 V0_FALLBACK_UNTIL = (0, 11, 0)
-PRE_AMPERE_GPUS = ("T4", "V100-32GB")
+PRE_AMPERE_GPUS = ("T4", "V100-32GB", "RTX-2080Ti-22GB")
 # Engines other than vLLM: the planner's fixed defaults (their own flags: SGLang --max-running-requests,
 # TGI --max-concurrent-requests, ...).
 OTHER_MAX_NUM_SEQS, OTHER_BATCHED_TOKENS = 256, 8192
