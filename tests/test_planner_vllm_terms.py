@@ -174,3 +174,27 @@ def test_model_runner_v2_profiles_a_plain_sampler_and_keeps_penalty_bins():
     assert "sampler state" not in moe_terms and moe_terms["CUDA graphs"].subtracted
     late = estimate(PlanRequest(model="Qwen/Qwen3-30B-A3B", max_model_len=8192, vllm_version="0.29.0"))
     assert "sampler state" in {t.name for t in late.memory_terms}
+
+
+def test_v0_samples_the_profile_on_the_driver_even_with_chunked_prefill():
+    """vLLM 0.7.2, TP=2 on RTX 4090s at 131,072 tokens (chunked prefill on): the driver worker samples the
+    256 dummy requests (vllm/worker/model_runner.py profile_run, top_k = vocab - 1) and the engine keeps the
+    smallest block count, so the refusal's 81,536 tokens sit 1.2 GiB under the other rank's 8.69 GiB line."""
+    run = RUNS["2x4090-r1-distill-qwen-14b-tp2"]
+    terms = terms_of(run.id)
+    assert terms["profile sampler"].bytes == 256 * 152064 * 38
+    assert terms["activation peak"].bytes == terms["profile sampler"].bytes
+    est = estimate(run.request())
+    assert est.kv_cache_bytes / GIB == pytest.approx(run.logged["kv_tokens"] * 96 / 1024**2, rel=0.05)
+    assert not est.fits
+
+
+def test_an_unlisted_gpu_serves_the_published_runs_but_no_plan_offers_it():
+    """The memory-modified RTX 2080 Ti 22GB: get_gpu finds it (runs 4x2080ti22g-*), list_gpus leaves it out
+    of charts and recommendations; Turing stays on V0 before 0.11."""
+    from backend.planner.catalog import get_gpu, list_gpus
+
+    assert "RTX-2080Ti-22GB" not in list_gpus() and {"RTX-4080", "RTX-6000-Ada"} <= set(list_gpus())
+    assert get_gpu("RTX-2080Ti-22GB").usable_bytes == int(21.66 * GIB)
+    req = PlanRequest(model="Qwen/Qwen3-30B-A3B", gpu="RTX-2080Ti-22GB", num_gpus=4, vllm_version="0.8.5")
+    assert "V0" in estimate(req).vllm_family

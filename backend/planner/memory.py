@@ -171,9 +171,8 @@ def vllm_profile_peak(
     bytes_per_logit: float = SAMPLER_BYTES_PER_LOGIT,
 ) -> int:
     """vLLM's "PyTorch activation peak": the forward pass and the sampler run one after the other, so the
-    peak is the larger of the two (num_reqs=0 where no sampler runs in the profile: V0 with chunked
-    prefill logs 0.19-0.22 GiB, the forward pass alone, vllm#13061 and the OCI A10 log). bytes_per_logit
-    depends on the vLLM version (vllm_versions.VllmFamily.sampler_bytes_per_logit)."""
+    peak is the larger of the two (num_reqs=0: no sampler, as on a pipeline stage before the last).
+    bytes_per_logit depends on the vLLM version (vllm_versions.VllmFamily.sampler_bytes_per_logit)."""
     return max(forward_activation_bytes(spec, tokens, tp), sampler_bytes(spec, num_reqs, bytes_per_logit))
 
 

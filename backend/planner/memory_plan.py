@@ -152,12 +152,13 @@ class ProfileParts:
 
 
 def vllm_profile_parts(spec: ModelSpec, lay: Layout) -> ProfileParts:
-    """profile_run's parts (vllm/v1/worker/gpu_model_runner.py, Model Runner V2's gpu/model_runner.py;
-    V0 with chunked prefill runs no sampler in its profile)."""
+    """profile_run's parts (vllm/v1/worker/gpu_model_runner.py, Model Runner V2's gpu/model_runner.py).
+    V0 (vllm/worker/model_runner.py profile_run, 0.6-0.10) samples max_num_seqs dummy prompts with top_k =
+    vocab - 1 whether or not chunked prefill is on, on the driver worker only (`if not
+    self.is_driver_worker: return []`), and the engine keeps the smallest block count of all ranks."""
     limits = lay.limits
     tokens = limits.max_num_batched_tokens
-    v0_chunked = not limits.is_v1 and limits.chunked_prefill
-    num_reqs = 0 if v0_chunked else min(limits.max_num_seqs, tokens)
+    num_reqs = min(limits.max_num_seqs, tokens)
     sampled_rows = math.ceil(num_reqs / lay.tp) if limits.sampler_shards else num_reqs
     return ProfileParts(
         num_reqs,

@@ -35,7 +35,7 @@ def _gib(nbytes: float) -> str:
 def _sampler_how(spec: ModelSpec, lay: Layout, rows: int) -> str:
     limits = lay.limits
     if not rows:
-        return "none: V0 with chunked prefill profiles the forward pass only"
+        return "none: no dummy requests are sampled"
     if limits.model_runner_v2:
         path = "Model Runner V2's dummy batch without top-k/top-p: bf16 logits + fp32 copy"
     elif limits.uses_flashinfer_sampler:
