@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # types only: validation.py imports this module
-    from backend.planner.validation import RunResult, Summary
+from backend.planner.validation_runs import RunResult, Summary
 
 
 def _cell(value: float | None, fmt: str) -> str:
