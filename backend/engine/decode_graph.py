@@ -40,22 +40,28 @@ from backend.engine.graph_ops import (
     silu_and_mul_op,
     unsupported_linear,
 )
-from backend.engine.models.llama import DecoderLayer, LlamaForCausalLM, RMSNorm
+from backend.engine.layers.attention import Attention
+from backend.engine.layers.decoder import DecoderLayer
+from backend.engine.layers.mlp import GatedMLP
+from backend.engine.layers.norm import RMSNorm
+from backend.engine.models.base import CausalLM
 from backend.engine.scheduler import ScheduledSeq
 
 
-def decoder_layers(model: LlamaForCausalLM) -> list[DecoderLayer]:
+def decoder_layers(model: CausalLM) -> list[DecoderLayer]:
+    """The model's layers, every one a DecoderLayer with a GatedMLP (unsupported_reason checked that)."""
     layers = [layer for layer in model.layers if isinstance(layer, DecoderLayer)]
     assert len(layers) == len(model.layers)
     return layers
 
 
-def unsupported_reason(model: LlamaForCausalLM, uses_decode_kernel: bool) -> str | None:
+def unsupported_reason(model: CausalLM, uses_decode_kernel: bool) -> str | None:
     """Why this model's decode steps cannot be captured (None: they can)."""
     if not uses_decode_kernel or cpu_kernels.step_graph_op_size() != ctypes.sizeof(Op):
         return "the native CPU kernels do not serve this device and dtype"
-    if model.args.qk_norm:
-        return "q/k norm (Qwen3) has no captured kernel"
+    reason = next(filter(None, (unsupported_layer(layer) for layer in model.layers)), None)
+    if reason is not None:
+        return reason
     layers = decoder_layers(model)
     if not (layers[0].self_attn.use_kernel and layers[0].input_layernorm.use_kernel):
         return "RoPE, the cache write or the norms are not on the native kernels"
@@ -65,11 +71,33 @@ def unsupported_reason(model: LlamaForCausalLM, uses_decode_kernel: bool) -> str
     return next((r for r in (unsupported_linear(p, dtype) for p in projections(model)) if r), None)
 
 
-def projections(model: LlamaForCausalLM) -> list:
+def unsupported_layer(layer: object) -> str | None:
+    """Why a layer has no captured calls (None: it has): the captured step is a pre-norm DecoderLayer with
+    a SiLU GatedMLP, whole-head RoPE on the rope_and_cache kernel and plain causal attention."""
+    if not isinstance(layer, DecoderLayer):
+        return f"a layer of type {type(layer).__name__} has no captured calls"
+    if not isinstance(layer.mlp, GatedMLP):
+        return f"an MLP of type {type(layer.mlp).__name__} has no captured calls"
+    attention, spec = layer.self_attn, layer.self_attn.spec
+    if spec.qk_norm:
+        return "q/k norm (Qwen3) has no captured kernel"
+    if not spec.rope_kernel_serves:
+        return "a layer without RoPE or with partial rotary has no captured kernel"
+    if attention.options or attention.sinks is not None:
+        return f"attention options {sorted(attention.options)} have no captured kernel"
+    if layer.mlp.hidden_act != "silu":
+        return f"the {layer.mlp.hidden_act} MLP activation has no captured kernel"
+    if attention.output_scale != 1.0 or layer.mlp.output_scale != 1.0:
+        return "a residual multiplier on quantized projections has no captured kernel"
+    return None
+
+
+def projections(model: CausalLM) -> list:
     """Every projection a decode step multiplies through, the lm_head last."""
     found = []
     for layer in decoder_layers(model):
         found += [layer.self_attn.qkv_proj, layer.self_attn.o_proj]
+        assert isinstance(layer.mlp, GatedMLP)
         found += [layer.mlp.gate_up_proj, layer.mlp.down_proj]
     return [*found, model.lm_head]
 
@@ -83,7 +111,7 @@ class StepRows:
     num_blocks: int  # max(blocks): the tables' width this step
 
 
-def graph_shape(model: LlamaForCausalLM) -> DecodeGraphShape:
+def graph_shape(model: CausalLM) -> DecodeGraphShape:
     """The widths that size a graph of this model's buffers (decode_graph_memory)."""
     args = model.args
     return DecodeGraphShape(
@@ -100,7 +128,7 @@ def graph_shape(model: LlamaForCausalLM) -> DecodeGraphShape:
 class DecodeGraph:
     def __init__(
         self,
-        model: LlamaForCausalLM,
+        model: CausalLM,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         max_num_seqs: int,
         max_model_len: int,
@@ -132,7 +160,9 @@ class DecodeGraph:
         """The step's calls in order: the embedding (where a kernel does it), then per layer its norms,
         projections, RoPE + cache write and attention."""
         model = self.model
-        embedding = embedding_op(model.embed_tokens, self.step_ints[0], self.hidden)
+        embedding = None  # the embedding's scale (embedding_scale) has no captured call: the torch call does
+        if model.embedding_scale == 1.0:
+            embedding = embedding_op(model.embed_tokens, self.step_ints[0], self.hidden)
         self.embeds_in_graph = embedding is not None
         ops: list[Op] = [embedding] if embedding is not None else []
         residual = self.hidden
@@ -156,9 +186,11 @@ class DecodeGraph:
         return stream
 
     def attention_ops(self, layer: DecoderLayer, kv_cache: tuple[torch.Tensor, torch.Tensor]) -> list[Op]:
-        attention, model = layer.self_attn, self.model
+        attention: Attention = layer.self_attn
         positions, slots, context_lens = self.step_ints[1], self.step_ints[2], self.step_ints[3]
-        rope = (model.rope_cos, model.rope_sin)
+        assert attention.spec.rope is not None
+        table = self.model.rope_tables[attention.spec.rope]
+        rope = (table.cos, table.sin)
         return [
             *linear_ops(attention.qkv_proj, self.normed, self.qkv),
             rope_and_cache_op(
@@ -178,6 +210,7 @@ class DecodeGraph:
 
     def mlp_ops(self, layer: DecoderLayer) -> list[Op]:
         mlp = layer.mlp
+        assert isinstance(mlp, GatedMLP)
         if mlp.fused_silu_and_mul:
             ops = linear_ops(mlp.gate_up_proj, self.normed, self.activation)
         else:
@@ -219,7 +252,7 @@ class DecodeGraph:
         copy_rows(step.tables, self.block_tables, rows, step.num_blocks)
         if not self.embeds_in_graph:
             with torch.inference_mode():
-                self.hidden[:rows].copy_(self.model.embed_tokens(self.step_ints[0, :rows]))
+                self.hidden[:rows].copy_(self.model.embed(self.step_ints[0, :rows]))
         cpu_kernels.run_step_graph(self.ops, rows)
         return self.logits[:rows].float()
 
