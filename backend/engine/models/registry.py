@@ -38,6 +38,7 @@ MODELS: dict[str, ModelEntry] = {
     "MistralForCausalLM": ModelEntry("llama", "LlamaForCausalLM", ("mistral",)),  # alias of Llama
     "Qwen2ForCausalLM": ModelEntry("llama", "LlamaForCausalLM", ("qwen2",)),  # alias of Llama
     "Qwen3ForCausalLM": ModelEntry("qwen3", "Qwen3ForCausalLM", ("qwen3",), ModelTraits(qk_norm=True)),
+    "GraniteForCausalLM": ModelEntry("granite", "GraniteForCausalLM", ("granite",)),
 }
 
 
