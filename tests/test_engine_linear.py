@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from backend.engine import cpu_kernels
-from backend.engine.layers.linear import Linear
 from backend.engine.layers import linear
+from backend.engine.layers.linear import Linear
 from tests.gemm_utils import within_rounding
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

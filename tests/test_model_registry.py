@@ -90,7 +90,10 @@ def edited_copy(tmp_path, **changes) -> str:
         ({"num_key_value_heads": 3}, r"must be a multiple of num_key_value_heads \(3\)"),
         ({"max_position_embeddings": 1 << 30}, r"max_position_embeddings must be an integer"),
         ({"rms_norm_eps": -1.0}, r"rms_norm_eps must be a positive finite number"),
-        ({"intermediate_size": 4096}, r"mlp\.\w+_proj\.weight' has shape .*: the config does not describe these weights"),
+        (
+            {"intermediate_size": 4096},
+            r"mlp\.\w+_proj\.weight' has shape .*: the config does not describe these weights",
+        ),
         ({"num_hidden_layers": 500}, r"weights missing from the checkpoint: \['layers.10"),
     ],
 )
