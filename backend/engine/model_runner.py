@@ -13,7 +13,8 @@ from backend.engine import cpu_kernels
 from backend.engine.attention import AttentionMetadata, PrefillChunk, pool_rows
 from backend.engine.config import KV_CACHE_DTYPES
 from backend.engine.cpu_kernels import PrefillKernelInputs
-from backend.engine.decode_graph import DecodeGraph, unsupported_reason
+from backend.engine.decode_graph import DecodeGraph
+from backend.engine.decode_graph_support import unsupported_reason
 from backend.engine.models.base import CausalLM
 from backend.engine.scheduler import ScheduledSeq
 
