@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from backend.engine.decode_graph_memory import DecodeGraphShape, decode_graph_bytes
+from backend.engine.models.registry import traits_of
 from backend.engines import CONTEXT_ENGINES, GRAPH_ENGINES
 from backend.planner import memory
 from backend.planner.catalog import GIB, GPU, KVCacheDtype, Quantization
@@ -24,7 +25,6 @@ from backend.planner.vllm_rules import SchedulerLimits, non_torch_bytes
 EMBEDDED_AS_STORED: tuple[str, ...] = ("gguf-q4_0", "gguf-q4_1", "gguf-q8_0", "gguf-q4_k_s", "gguf-q4_k_m")
 EMBEDDED_AS_STORED += ("gguf-q6_k", "gptq-int4-g128", "gptq-int4-g32", "gptq-int8-g128", "awq-int4")
 LLAMA_UBATCH_LOGITS = memory.LLAMACPP_UBATCH * 4  # llama.cpp computes fp32 logits for a whole micro-batch
-QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")  # no captured q/k norm (decode_graph.unsupported_reason)
 # GGUF types the engine interleaves with fast bf16 (cpu_kernels.INTERLEAVED_TYPES); the others, and every
 # type without fast bf16, stay row by row on quant_gemv, whose captured calls take up to 8 rows
 # (cpu_kernels.QUANT_GEMV_MAX_ROWS, graph_ops.row_limit): a larger decode step runs eagerly
@@ -222,7 +222,8 @@ def _decode_graph_shape(req: PlanRequest, spec: ModelSpec, lay: Layout) -> Decod
     run as stored); on one without, a GGUF run as stored, in fp32 (the engine's dtype there; its blocks
     row by row on quant_gemv). A running engine's plan says enforce_eager when it did not capture
     (launch_here.running_engine_request)."""
-    uncaptured = lay.quant.name in ("fp32", "fp16") or spec.model_type in QK_NORM_MODEL_TYPES
+    traits = traits_of(spec.architecture, spec.model_type)  # the engine's registry (None: it cannot run it)
+    uncaptured = lay.quant.name in ("fp32", "fp16") or traits is None or traits.qk_norm
     if lay.gpu.cpu is None or req.enforce_eager or uncaptured:
         return None
     fast_bf16 = lay.gpu.cpu.has_fast_bf16
