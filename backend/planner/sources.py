@@ -95,7 +95,38 @@ def _gguf_spec_cached(file: str, mtime_ns: int, size: int) -> ModelSpec:
     return spec_from_config(**facts)
 
 
-GGUF_FACTS_VERSION = "planner-gguf-1"  # change it when _gguf_facts reads something else
+GGUF_FACTS_VERSION = "planner-gguf-2"  # change it when _gguf_facts reads something else
+
+
+def _gguf_config(path: Path, field, names: set[str]) -> dict:
+    """The transformers config the engine converts the file to (engine/gguf/hf_config.py: layer types,
+    head widths, expert counts as llama.cpp means them) for the families it knows; the generic keys of
+    llama.cpp's format for any other architecture."""
+    from backend.engine.gguf.families import FAMILIES
+    from backend.engine.gguf.hf_config import config_dict
+    from backend.engine.gguf.metadata import read_metadata
+
+    arch = field("general.architecture", "llama")
+    if arch in FAMILIES:
+        return config_dict(read_metadata(str(path)))
+    heads = field(f"{arch}.attention.head_count")
+    hidden = field(f"{arch}.embedding_length")
+    return {
+        "architectures": [arch],
+        "model_type": arch,
+        "hidden_size": hidden,
+        "num_hidden_layers": field(f"{arch}.block_count"),
+        "intermediate_size": field(f"{arch}.feed_forward_length"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": field(f"{arch}.attention.head_count_kv", heads),
+        "head_dim": field(f"{arch}.attention.key_length", hidden // heads),
+        "vocab_size": field(f"{arch}.vocab_size") or len(field("tokenizer.ggml.tokens", [])),
+        "max_position_embeddings": field(f"{arch}.context_length", 2048),
+        "sliding_window": field(f"{arch}.attention.sliding_window"),
+        "num_local_experts": field(f"{arch}.expert_count"),
+        "num_experts_per_tok": field(f"{arch}.expert_used_count"),
+        "tie_word_embeddings": "output.weight" not in names,
+    }
 
 
 def _gguf_facts(path: Path) -> dict:
@@ -108,26 +139,8 @@ def _gguf_facts(path: Path) -> dict:
         item = reader.fields.get(key)
         return item.contents() if item is not None else default
 
-    arch = field("general.architecture", "llama")
-    heads = field(f"{arch}.attention.head_count")
-    hidden = field(f"{arch}.embedding_length")
     names = {t.name for t in reader.tensors}
-    config = {
-        "architectures": [arch],
-        "model_type": arch,
-        "hidden_size": hidden,
-        "num_hidden_layers": field(f"{arch}.block_count"),
-        "intermediate_size": field(f"{arch}.feed_forward_length"),
-        "num_attention_heads": heads,
-        "num_key_value_heads": field(f"{arch}.attention.head_count_kv", heads),
-        "head_dim": field(f"{arch}.attention.key_length", hidden // heads),
-        "vocab_size": field(f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data),
-        "max_position_embeddings": field(f"{arch}.context_length", 2048),
-        "sliding_window": field(f"{arch}.attention.sliding_window"),
-        "num_local_experts": field(f"{arch}.expert_count"),
-        "num_experts_per_tok": field(f"{arch}.expert_used_count"),
-        "tie_word_embeddings": "output.weight" not in names,
-    }
+    config = _gguf_config(path, field, names)
     params = dict.fromkeys(PARAM_KINDS, 0)
     for tensor in reader.tensors:
         params[param_kind(tensor.name)] += int(tensor.n_elements)

@@ -27,6 +27,7 @@ from backend.engine import gguf_cache
 from backend.engine.gguf.families import ROPE_TENSORS, Family, family_of
 from backend.engine.gguf.tensor_names import hf_name, layer_kind
 from backend.engine.quantization.gguf_blocks import KEPT_TYPES
+from backend.engine.quantization.gguf_blocks import dequantize as dequantize_blocks
 
 log = logging.getLogger(__name__)
 PLAIN_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16)
@@ -69,9 +70,10 @@ def _undo_conversion(
 
 
 def read_gguf_tensors(
-    path: str, hf_config: Any
+    path: str, hf_config: Any, keep_blocks: bool = True
 ) -> tuple[dict[str, torch.Tensor], dict[str, QuantizedWeight]]:
-    """(plain fp32 tensors, quantized weights) of a GGUF file, by transformers' parameter names."""
+    """(plain fp32 tensors, quantized weights) of a GGUF file, by transformers' parameter names; with
+    keep_blocks=False every tensor is plain, kept types decoded (gguf_blocks) to the file's shape."""
     architecture, tensors = gguf_cache.tensors(path)  # the cached table, or one GGUFReader parse
     family = family_of(architecture, any(t.name.endswith("_exps.weight") for t in tensors))
     heads = {"attn_q": hf_config.num_attention_heads}
@@ -87,9 +89,11 @@ def read_gguf_tensors(
         if qtype not in KEPT_TYPES and qtype not in PLAIN_TYPES:
             converted[qtype.name] += 1
         value = _undo_conversion(family, tensor.name, _value(tensor, qtype, shape), heads)
-        if qtype in KEPT_TYPES:
+        if qtype in KEPT_TYPES and keep_blocks:
             rows = value.shape[0]
             quantized[name] = QuantizedWeight(KEPT_TYPES[qtype], value.contiguous(), (rows, shape[-1]))
+        elif qtype in KEPT_TYPES:
+            plain[name] = dequantize_blocks(value, KEPT_TYPES[qtype]).reshape(shape)
         else:
             plain[name] = value
     for type_name, count in converted.items():
