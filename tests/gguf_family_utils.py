@@ -2,7 +2,8 @@
 and their GGUF files written by that converter (tests/gguf_utils.py), once per session.
 
     folder = tiny_family_model("gemma3")             # a transformers folder (config, safetensors, tokenizer)
-    path = family_gguf("gemma3", "f32")              # llama.cpp's GGUF of it: f32, f16, bf16, q8_0
+    path = family_gguf("gemma3", "f32")              # llama.cpp's GGUF of it: f32, f16, bf16, q8_0 (the
+                                                     # first call writes f32, f16 and q8_0 in one process)
     path = family_gguf("gemma3", "q4_0")             # the f32 file requantized (gguf_utils.requantize)
 
 Every model has the default model's tokenizer (SmolLM2's byte-level BPE, which llama.cpp's converter knows
@@ -40,6 +41,7 @@ FAMILIES = (
     "granitemoe",
     "gpt-oss",
 )
+VARIANTS = ("phi3-longrope",)  # a family's other shape: config and planner tests only
 MOE_FAMILIES = ("mixtral", "qwen3moe", "olmoe", "granitemoe", "gpt-oss")
 # the real models' chat templates, as llama.cpp keeps them for its own tests (models/templates/)
 TEMPLATES = {
@@ -54,6 +56,7 @@ TEMPLATES = {
     "qwen3moe": "Qwen-Qwen3-0.6B.jinja",
     "gpt-oss": "openai-gpt-oss-120b.jinja",
 }
+TESTED_TYPES = ("f32", "f16", "q8_0")
 _ROOT = Path(tempfile.mkdtemp(prefix="gguf-families-"))
 atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
 _MULTIPLIERS = dict(
@@ -90,6 +93,17 @@ def family_config(family: str, vocab_size: int):
             final_logit_softcapping=30.0,
         ),
         "phi3": lambda: t.Phi3Config(**common),
+        "phi3-longrope": lambda: t.Phi3Config(  # Phi-3.5 / Phi-4-mini: factors per rotary frequency
+            **common | dict(max_position_embeddings=1024),
+            rope_parameters=dict(
+                rope_type="longrope",
+                rope_theta=10000.0,
+                partial_rotary_factor=0.5,
+                original_max_position_embeddings=256,
+                long_factor=[1.0 + i / 4 for i in range(4)],
+                short_factor=[1.0 + i / 8 for i in range(4)],
+            ),
+        ),
         "smollm3": lambda: t.SmolLM3Config(**common | dict(num_hidden_layers=4)),
         "granite": lambda: t.GraniteConfig(**common, **_MULTIPLIERS),
         "olmo2": lambda: t.Olmo2Config(**common),
@@ -127,7 +141,7 @@ def tiny_family_model(family: str) -> str:
     folder = _ROOT / family
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    if family == "phi3":  # Phi-4's byte-level BPE path of the converter (Phi-3's needs a sentencepiece model)
+    if family.startswith("phi3"):  # Phi-4's byte-level BPE path (Phi-3's needs a sentencepiece model)
         settings = folder / "tokenizer_config.json"
         settings.write_text(
             json.dumps(json.loads(settings.read_text()) | {"tokenizer_class": "GPT2Tokenizer"})
@@ -138,8 +152,8 @@ def tiny_family_model(family: str) -> str:
 @cache
 def family_gguf(family: str, outtype: str) -> Path:
     """llama.cpp's GGUF of the family's tiny model: a converter type, or q4_0 (the f32 file requantized)."""
-    if outtype in CONVERTER_TYPES:
-        return convert_hf_to_gguf(tiny_family_model(family), outtype)
+    if outtype in CONVERTER_TYPES:  # the types the tests read, in one converter process
+        return convert_hf_to_gguf(tiny_family_model(family), *TESTED_TYPES, outtype)[outtype]
     if outtype == "q4_0":
         return requantize(family_gguf(family, "f32"), Q.Q4_0)
     raise ValueError(f"outtype must be one of {', '.join(CONVERTER_TYPES)} or q4_0; got {outtype!r}")

@@ -123,21 +123,32 @@ def llama_cpp_dir(kind: str = "src") -> Path:
     return folder
 
 
-def convert_hf_to_gguf(folder: str | Path, outtype: str) -> Path:
-    """<folder>-<OUTTYPE>.gguf written by llama.cpp's convert_hf_to_gguf.py (which puts its own, newer
-    gguf-py first on sys.path) in a subprocess of this Python; written once, then reused."""
-    if outtype not in CONVERTER_TYPES:
-        raise ValueError(f"the converter writes {', '.join(CONVERTER_TYPES)}; got {outtype!r}")
+_CONVERT_EACH = """import os, runpy, sys
+converter, folder, *pairs = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(converter))  # its conversion/ package, as `python converter` would
+for outtype, out in zip(pairs[::2], pairs[1::2]):
+    sys.argv = [converter, folder, "--outtype", outtype, "--outfile", out]
+    runpy.run_path(converter, run_name="__main__")
+"""
+
+
+def convert_hf_to_gguf(folder: str | Path, *outtypes: str) -> dict[str, Path]:
+    """{outtype: <folder>-<OUTTYPE>.gguf}, written by llama.cpp's convert_hf_to_gguf.py (which puts its own,
+    newer gguf-py first on sys.path) in one subprocess of this Python; each file written once, then reused."""
+    if unknown := [t for t in outtypes if t not in CONVERTER_TYPES]:
+        raise ValueError(f"the converter writes {', '.join(CONVERTER_TYPES)}; got {unknown}")
     folder = Path(folder)
-    out = folder.parent / f"{folder.name}-{outtype.upper()}.gguf"
-    if not out.is_file():
+    outs = {outtype: folder.parent / f"{folder.name}-{outtype.upper()}.gguf" for outtype in outtypes}
+    missing = [arg for outtype, out in outs.items() if not out.is_file() for arg in (outtype, str(out))]
+    if missing:
         converter = llama_cpp_dir() / "convert_hf_to_gguf.py"
-        command = [sys.executable, str(converter), str(folder), "--outtype", outtype, "--outfile", str(out)]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        command = [sys.executable, "-c", _CONVERT_EACH, str(converter), str(folder), *missing]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900)
         if result.returncode != 0:
-            out.unlink(missing_ok=True)
+            for out in outs.values():
+                out.unlink(missing_ok=True)
             raise RuntimeError(f"convert_hf_to_gguf.py failed on {folder}:\n{result.stderr[-3000:]}")
-    return out
+    return outs
 
 
 def requantize(path: Path, qtype: GGMLQuantizationType) -> Path:

@@ -27,6 +27,7 @@ from backend.engine.quantization.gguf_reader import QuantizedWeight, read_gguf_t
 from tests.gguf_family_utils import (
     FAMILIES,
     MOE_FAMILIES,
+    VARIANTS,
     family_gguf,
     tiny_family_model,
     tiny_gpt_oss_mxfp4,
@@ -94,7 +95,7 @@ def checkpoint_tensors(family: str) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + VARIANTS)
 def test_config_from_the_file_is_the_checkpoints(family):
     path = family_gguf(family, "f32")
     ours = AutoConfig.for_model(**config_dict(read_metadata(str(path)))).to_dict()
@@ -176,7 +177,7 @@ def test_mxfp4_experts_stay_blocks_that_decode_as_transformers_decodes_the_check
     """gpt-oss's MXFP4 experts, repacked by the converter (conversion/gpt_oss.py repack_mxfp4), reach the
     engine as MXFP4 blocks whose values are transformers' own dequantization of the checkpoint."""
     folder = tiny_gpt_oss_mxfp4()
-    path = str(convert_hf_to_gguf(folder, "f32"))
+    path = str(convert_hf_to_gguf(folder, "f32")["f32"])
     plain, quantized = read_gguf_tensors(path, AutoConfig.for_model(**config_dict(read_metadata(path))))
     state = load_file(f"{folder}/model.safetensors")
     assert {name for name in quantized} == {n for n in checkpoint_tensors("gpt-oss") if n.endswith("_proj")}
@@ -199,7 +200,7 @@ def test_mxfp4_experts_stay_blocks_that_decode_as_transformers_decodes_the_check
         )
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + VARIANTS)
 def test_the_planner_reads_the_file_as_it_reads_the_checkpoint(family):
     """KV per token from the real kv heads, head width and sliding layers; MoE active against total."""
     from backend.planner.sources import load_model_spec

@@ -28,7 +28,7 @@ def param_kind(name: str) -> str:
         return "embedding"
     if "norm" in n:
         return "other"
-    if ".experts." in n or "_exps" in n:
+    if ".experts." in n or "_exps" in n or "moe.input_linear" in n or "moe.output_linear" in n:  # granitemoe
         return "experts"
     if any(s in n for s in ("self_attn", "attention", ".attn.", "attn_")):
         return "attention"
@@ -95,7 +95,7 @@ def _gguf_spec_cached(file: str, mtime_ns: int, size: int) -> ModelSpec:
     return spec_from_config(**facts)
 
 
-GGUF_FACTS_VERSION = "planner-gguf-2"  # change it when _gguf_facts reads something else
+GGUF_FACTS_VERSION = "planner-gguf-3"  # change it when _gguf_facts reads something else
 
 
 def _gguf_config(path: Path, field, names: set[str]) -> dict:
@@ -133,6 +133,8 @@ def _gguf_facts(path: Path) -> dict:
     """spec_from_config's arguments for a GGUF file, read from its metadata and tensor table."""
     from gguf import GGUFReader, LlamaFileType
 
+    from backend.engine.gguf.families import ROPE_TENSORS
+
     reader = GGUFReader(str(path))
 
     def field(key: str, default=None):
@@ -143,7 +145,8 @@ def _gguf_facts(path: Path) -> dict:
     config = _gguf_config(path, field, names)
     params = dict.fromkeys(PARAM_KINDS, 0)
     for tensor in reader.tensors:
-        params[param_kind(tensor.name)] += int(tensor.n_elements)
+        if tensor.name not in ROPE_TENSORS:  # RoPE factors llama.cpp stores as tensors: config, not weights
+            params[param_kind(tensor.name)] += int(tensor.n_elements)
     file_type = field("general.file_type")
     dtype = (
         "gguf-" + LlamaFileType(file_type).name.removeprefix("MOSTLY_").lower()

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from backend.engine.gguf.families import Family, family_of, sliding_layers
 from backend.engine.gguf.metadata import (
     MAX_CONTEXT,
@@ -22,6 +24,7 @@ from backend.engine.gguf.metadata import (
     MAX_LAYERS,
     MAX_VOCAB,
     GGUFMetadata,
+    as_written,
     checked_int,
 )
 
@@ -155,14 +158,35 @@ def _gemma3(meta: GGUFMetadata, config: Config) -> Config:
 
 
 def _phi3(meta: GGUFMetadata, config: Config) -> Config:
-    if "rope_factors_long.weight" in meta.tensor_names:
-        raise ValueError(f"{meta.path}: Phi-3 LongRoPE (rope_factors_long/short) is not supported")
     window = meta.count("attention.sliding_window", 0, MAX_CONTEXT, default=0)
     original = meta.count("rope.scaling.original_context_length", 1, MAX_CONTEXT, default=None)
-    return {
-        "sliding_window": window or None,
-        "original_max_position_embeddings": original or config["max_position_embeddings"],
-    }
+    original = original or config["max_position_embeddings"]
+    phi3 = {"sliding_window": window or None, "original_max_position_embeddings": original}
+    if "rope_factors_long.weight" not in meta.tensor_names:
+        return phi3
+    # LongRoPE (Phi-3.5, Phi-4-mini): the converter writes the factors as two tensors (conversion/phi.py)
+    rope = config["rope_parameters"] | {"rope_type": "longrope", "original_max_position_embeddings": original}
+    return phi3 | {"rope_parameters": rope | _rope_factors(meta, config)}
+
+
+def _rope_factors(meta: GGUFMetadata, config: Config) -> Config:
+    """long_factor / short_factor from rope_factors_long / _short: one per rotary frequency."""
+    from backend.engine import gguf_cache  # it converts through this module: imported when needed
+
+    rope = config["rope_parameters"]
+    frequencies = int(config["head_dim"] * rope.get("partial_rotary_factor", 1.0)) // 2
+    _, tensors = gguf_cache.tensors(meta.path)
+    factors: Config = {}
+    for tensor in tensors:
+        if tensor.name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+            values = np.asarray(tensor.data, dtype=np.float32).ravel()
+            if values.size != frequencies or not np.isfinite(values).all():
+                raise ValueError(f"{meta.path}: {tensor.name} must hold {frequencies} finite factors")
+            kind = tensor.name.removeprefix("rope_factors_").removesuffix(".weight")
+            factors[f"{kind}_factor"] = [as_written(float(v)) for v in values]
+    if len(factors) != 2:
+        raise ValueError(f"{meta.path}: LongRoPE needs both rope_factors_long and rope_factors_short")
+    return factors
 
 
 def _smollm3(meta: GGUFMetadata, config: Config) -> Config:
