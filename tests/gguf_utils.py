@@ -5,7 +5,7 @@ converter uses), with the default model's real tokenizer and chat template copie
 VOCAB tokens and the merges that make them (merge i makes token 252 + i), so that it loads in a second.
 
 Q4_0, Q4_1, Q8_0 and Q5_0 tensors are quantized from random fp32 weights by gguf-py's own quantizer;
-gguf-py has no quantizer for the K-types, so Q4_K and Q6_K tensors are random blocks with small scales:
+gguf-py has no quantizer for the K-types, so Q4_K, Q6_K (and MXFP4) are random blocks with small scales:
 valid blocks in the published layout (every byte pattern decodes)."""
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ def random_blocks(qtype: GGMLQuantizationType, rows: int, cols: int, rng: np.ran
         blocks[:, :, 0:4] = scales
     elif qtype == Q.Q6_K:  # d last (values below 6e-5 exercise half subnormals)
         blocks[:, :, 208:210] = scales[..., :2]
+    elif qtype == Q.MXFP4:  # E8M0 exponent first: 2^-8 .. 2^-4 with E2M1 values up to 12 (ggml's doubled)
+        blocks[:, :, 0] = rng.integers(120, 125, (rows, cols // size))
     else:
         raise ValueError(f"no random blocks for {qtype.name}")
     return blocks.reshape(rows, -1)

@@ -10,9 +10,11 @@ weight, decoded from the blocks the reader keeps.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType
+from gguf import dequantize as gguf_dequantize
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoTokenizer
 
@@ -32,7 +34,7 @@ from tests.gguf_family_utils import (
     tiny_family_model,
     tiny_gpt_oss_mxfp4,
 )
-from tests.gguf_utils import convert_hf_to_gguf
+from tests.gguf_utils import convert_hf_to_gguf, random_blocks
 
 # what each quantized type's rounding may move a weight by, as a fraction of its row's largest |weight|:
 # half a step absmax / 127 (Q8_0, rounded); one step absmax / 8 (Q4_0: -8..7, +absmax clips to 7); plus the
@@ -163,6 +165,14 @@ def test_the_tokenizer_renders_the_files_chat_template(family):
     assert (
         ours("Hello world").input_ids == reference("Hello world").input_ids
     )  # add_bos_token as the file says
+
+
+def test_mxfp4_pytorch_decoding_equals_gguf_py():
+    """gguf_blocks' MXFP4 decoder against gguf-py's (which follows ggml's dequantize_row_mxfp4)."""
+    data = random_blocks(GGMLQuantizationType.MXFP4, 16, 256, np.random.default_rng(0))
+    data[0, 0], data[1, 0], data[2, 0] = 0, 1, 254  # the smallest scales (float32 subnormals) and a large one
+    reference = torch.from_numpy(gguf_dequantize(data, GGMLQuantizationType.MXFP4))
+    assert torch.equal(dequantize(torch.from_numpy(data), "mxfp4"), reference)
 
 
 def unpacked(state: dict[str, torch.Tensor], name: str) -> torch.Tensor:

@@ -19,15 +19,17 @@ KEPT_TYPES = {  # GGUF type -> the kernel's name for it (cpu_kernels.QUANT_TYPES
     GGMLQuantizationType.Q8_0: "q8_0",
     GGMLQuantizationType.Q4_K: "q4_k",
     GGMLQuantizationType.Q6_K: "q6_k",
-    GGMLQuantizationType.MXFP4: "mxfp4",  # gpt-oss experts (GGML type 39): no CPU kernel yet, decoded here
 }
+# what the GGUF reader keeps as blocks: the kernels' types, and MXFP4 (GGML type 39, gpt-oss's experts),
+# decoded by _mxfp4 below until the MoE kernels read it
+STORED_TYPES = KEPT_TYPES | {GGMLQuantizationType.MXFP4: "mxfp4"}
 # ggml-common.h kvalues_mxfp4: the E2M1 values doubled (0.5 -> 1), so the block scale is 2^(e - 128)
 MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
 def block_shape(qtype: str) -> tuple[int, int]:
-    """(weights per block, bytes per block) of a kept type."""
-    (gguf_type,) = (t for t, name in KEPT_TYPES.items() if name == qtype)
+    """(weights per block, bytes per block) of a stored type."""
+    (gguf_type,) = (t for t, name in STORED_TYPES.items() if name == qtype)
     return GGML_QUANT_SIZES[gguf_type]
 
 

@@ -1,10 +1,11 @@
 """Reading a GGUF file's tensors under transformers' names, quantized ones kept as their blocks.
 
-Kept types (gguf_blocks.KEPT_TYPES) stay as bytes; F32/F16 tensors become torch tensors; any other type is
-dequantized here, with a log line saying so. Names follow gguf/tensor_names.py; what llama.cpp's converter
-changed on the way is undone per architecture (gguf/families.py): the q/k rows it permuted for its RoPE
-(LlamaModel subclasses; rows are whole blocks, so the permutation is undone on the blocks, as transformers
-undoes it on the dequantized weights) and the 1 it added to Gemma's norm weights.
+Kept types (gguf_blocks.STORED_TYPES: the CPU kernels' types and MXFP4) stay as bytes; F32/F16 tensors
+become torch tensors; any other type is dequantized here, with a log line saying so. Names follow
+gguf/tensor_names.py; what llama.cpp's converter changed on the way is undone per architecture
+(gguf/families.py): the q/k rows it permuted for its RoPE (LlamaModel subclasses; rows are whole blocks,
+so the permutation is undone on the blocks, as transformers undoes it on the dequantized weights) and the
+1 it added to Gemma's norm weights.
 
 Stacked experts ([E, n, k] in the file) come out as one tensor per projection: a float [E, n, k], or a
 QuantizedWeight whose data is [E * n, row_bytes] (expert e's rows are e * n .. e * n + n - 1) and whose
@@ -26,7 +27,7 @@ from gguf import GGMLQuantizationType, dequantize
 from backend.engine import gguf_cache
 from backend.engine.gguf.families import ROPE_TENSORS, Family, family_of
 from backend.engine.gguf.tensor_names import hf_name, layer_kind
-from backend.engine.quantization.gguf_blocks import KEPT_TYPES
+from backend.engine.quantization.gguf_blocks import STORED_TYPES as KEPT_TYPES
 from backend.engine.quantization.gguf_blocks import dequantize as dequantize_blocks
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ PLAIN_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16)
 
 @dataclass(slots=True)
 class QuantizedWeight:
-    qtype: str  # a kernel name from gguf_blocks.KEPT_TYPES
+    qtype: str  # a name from gguf_blocks.STORED_TYPES (q4_0, ..., mxfp4)
     data: torch.Tensor  # [n, k / block_size * type_size] uint8 (n = E * rows for stacked experts)
     shape: tuple[int, int]  # (n, k) of the weight it encodes
 
