@@ -171,11 +171,10 @@ def load_model(
         architecture_of(hf_config)  # fail fast, before reading weights
     quantized: dict[str, Part] = {}
     with phases.phase("read weights"):
-        if gguf_file and not dequantize_weights:  # quantized tensors kept as stored
-            state, gguf_quantized = read_gguf_tensors(str(Path(folder) / gguf_file), hf_config)
+        if gguf_file:  # quantized tensors kept as stored, or decoded
+            path = str(Path(folder) / gguf_file)
+            state, gguf_quantized = read_gguf_tensors(path, hf_config, keep_blocks=not dequantize_weights)
             quantized = dict(gguf_quantized)
-        elif gguf_file:
-            state = read_gguf(folder, gguf_file, trust_remote_code)[1]
         else:
             state = read_state_dict(folder)
             quantized = read_packed(state, hf_config, dequantize_weights)
@@ -235,9 +234,9 @@ def generation_eos(folder: str, gguf_file: str | None, hf_config: Any) -> set[in
     """End-of-sequence ids from generation_config.json, else from the model config."""
     from transformers import GenerationConfig
 
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    try:
-        gen_eos = GenerationConfig.from_pretrained(folder, **kwargs).eos_token_id
+    try:  # a GGUF's is its config's (gguf/hf_config.py): the file has no generation config
+        gen_eos = GenerationConfig.from_pretrained(folder).eos_token_id if not gguf_file else None
     except OSError:
-        gen_eos = getattr(hf_config, "eos_token_id", None)
+        gen_eos = None
+    gen_eos = gen_eos if gen_eos is not None else getattr(hf_config, "eos_token_id", None)
     return set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])

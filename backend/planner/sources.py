@@ -28,7 +28,7 @@ def param_kind(name: str) -> str:
         return "embedding"
     if "norm" in n:
         return "other"
-    if ".experts." in n or "_exps" in n:
+    if ".experts." in n or "_exps" in n or "moe.input_linear" in n or "moe.output_linear" in n:  # granitemoe
         return "experts"
     if any(s in n for s in ("self_attn", "attention", ".attn.", "attn_")):
         return "attention"
@@ -95,24 +95,23 @@ def _gguf_spec_cached(file: str, mtime_ns: int, size: int) -> ModelSpec:
     return spec_from_config(**facts)
 
 
-GGUF_FACTS_VERSION = "planner-gguf-1"  # change it when _gguf_facts reads something else
+GGUF_FACTS_VERSION = "planner-gguf-3"  # change it when _gguf_facts reads something else
 
 
-def _gguf_facts(path: Path) -> dict:
-    """spec_from_config's arguments for a GGUF file, read from its metadata and tensor table."""
-    from gguf import GGUFReader, LlamaFileType
-
-    reader = GGUFReader(str(path))
-
-    def field(key: str, default=None):
-        item = reader.fields.get(key)
-        return item.contents() if item is not None else default
+def _gguf_config(path: Path, field, names: set[str]) -> dict:
+    """The transformers config the engine converts the file to (engine/gguf/hf_config.py: layer types,
+    head widths, expert counts as llama.cpp means them) for the families it knows; the generic keys of
+    llama.cpp's format for any other architecture."""
+    from backend.engine.gguf.families import FAMILIES
+    from backend.engine.gguf.hf_config import config_dict
+    from backend.engine.gguf.metadata import read_metadata
 
     arch = field("general.architecture", "llama")
+    if arch in FAMILIES:
+        return config_dict(read_metadata(str(path)))
     heads = field(f"{arch}.attention.head_count")
     hidden = field(f"{arch}.embedding_length")
-    names = {t.name for t in reader.tensors}
-    config = {
+    return {
         "architectures": [arch],
         "model_type": arch,
         "hidden_size": hidden,
@@ -121,16 +120,33 @@ def _gguf_facts(path: Path) -> dict:
         "num_attention_heads": heads,
         "num_key_value_heads": field(f"{arch}.attention.head_count_kv", heads),
         "head_dim": field(f"{arch}.attention.key_length", hidden // heads),
-        "vocab_size": field(f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data),
+        "vocab_size": field(f"{arch}.vocab_size") or len(field("tokenizer.ggml.tokens", [])),
         "max_position_embeddings": field(f"{arch}.context_length", 2048),
         "sliding_window": field(f"{arch}.attention.sliding_window"),
         "num_local_experts": field(f"{arch}.expert_count"),
         "num_experts_per_tok": field(f"{arch}.expert_used_count"),
         "tie_word_embeddings": "output.weight" not in names,
     }
+
+
+def _gguf_facts(path: Path) -> dict:
+    """spec_from_config's arguments for a GGUF file, read from its metadata and tensor table."""
+    from gguf import GGUFReader, LlamaFileType
+
+    from backend.engine.gguf.families import ROPE_TENSORS
+
+    reader = GGUFReader(str(path))
+
+    def field(key: str, default=None):
+        item = reader.fields.get(key)
+        return item.contents() if item is not None else default
+
+    names = {t.name for t in reader.tensors}
+    config = _gguf_config(path, field, names)
     params = dict.fromkeys(PARAM_KINDS, 0)
     for tensor in reader.tensors:
-        params[param_kind(tensor.name)] += int(tensor.n_elements)
+        if tensor.name not in ROPE_TENSORS:  # RoPE factors llama.cpp stores as tensors: config, not weights
+            params[param_kind(tensor.name)] += int(tensor.n_elements)
     file_type = field("general.file_type")
     dtype = (
         "gguf-" + LlamaFileType(file_type).name.removeprefix("MOSTLY_").lower()
