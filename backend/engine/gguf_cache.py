@@ -25,6 +25,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from gguf.quants import quant_shape_to_byte_shape
 
+from backend.model_limits import check_config, check_gguf_header
+
 log = logging.getLogger(__name__)
 COMPLETE = "converted-from-gguf"  # the marker written last
 
@@ -61,7 +63,9 @@ def _convert(path: Path, trust_remote_code: bool) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoTokenizer
 
     folder, name = str(path.parent), path.name
+    check_gguf_header(path)  # counts and lengths bounded before transformers parses the metadata
     config = AutoConfig.from_pretrained(folder, gguf_file=name, trust_remote_code=trust_remote_code)
+    check_config(config.to_dict())
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, trust_remote_code=trust_remote_code)
     return config, tokenizer
 
@@ -142,6 +146,7 @@ def tensors(gguf_path: str) -> tuple[str, list[GGUFTensor]]:
     if saved is not None:
         file = np.memmap(path, dtype=np.uint8, mode="r")
         return saved["architecture"], [_tensor(file, *entry) for entry in saved["tensors"]]
+    check_gguf_header(path)
     reader = GGUFReader(path)
     field = reader.fields["general.architecture"]
     architecture = bytes(field.parts[field.data[0]]).decode()

@@ -7,7 +7,7 @@ best_of, suffix) are refused with a message that says so.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -16,28 +16,67 @@ from backend.server.errors import OpenAIError
 from backend.server.structured import ResponseFormat
 from backend.server.tools import Tool, ToolCall, ToolChoice
 
+T = TypeVar("T")
+# A list field that stops at its first invalid item: a million bad items make one error, not a million
+# (pydantic's fail_fast); every list a client sends is one of these.
+FailFastList = Annotated[list[T], Field(fail_fast=True)]
 MAX_JSON_DEPTH = 64  # request bodies are shallow; deeper nesting is refused before it is walked
+MAX_KEY_CHARS_SHOWN = 40  # a key in an error's path is cut to this many characters
 
 
-def check_json_values(value: Any, where: str = "body", depth: int = 0) -> None:
+def check_json_values(value: Any, where: str = "body") -> None:
     """Refuse what standard JSON cannot carry but Python's parser lets through: NaN and Infinity
-    (non-standard constants) and lone UTF-16 surrogates in strings ("\\ud800"), anywhere in the body."""
-    if depth > MAX_JSON_DEPTH:
-        raise ValueError(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{where}: {value} is not a JSON number (NaN and Infinity are not allowed)")
+    (non-standard constants) and lone UTF-16 surrogates in strings ("\\ud800"), anywhere in the body.
+
+    One pass, linear in the body: containers are pushed with a (parent, key) link, and a path string is
+    only built for the value that fails (building one per element cost a copy of every key above it)."""
+    _check_scalar(value, where, None)
+    stack: list[tuple[Any, int, tuple | None]] = [(value, 0, None)]
+    while stack:
+        item, depth, link = stack.pop()
+        if not isinstance(item, dict | list):
+            continue
+        if depth >= MAX_JSON_DEPTH:
+            raise ValueError(f"{_path(where, link)}: nested deeper than {MAX_JSON_DEPTH} levels")
+        pairs = item.items() if isinstance(item, dict) else enumerate(item)
+        for key, child in pairs:
+            if isinstance(key, str) and not key.isascii() and not _encodes(key):
+                raise ValueError(f"{_path(where, link)}: a key holds a lone surrogate (invalid Unicode)")
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1, (link, key)))
+            elif isinstance(child, str | float):
+                _check_scalar(child, where, (link, key))
+
+
+def _check_scalar(value: Any, where: str, link: tuple | None) -> None:
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(f"{where}: the text holds a lone surrogate (invalid Unicode)") from None
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            check_json_values(key, where, depth + 1)
-            check_json_values(item, f"{where}.{key}", depth + 1)
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            check_json_values(item, f"{where}[{i}]", depth + 1)
+        if not value.isascii() and not _encodes(value):
+            raise ValueError(f"{_path(where, link)}: the text holds a lone surrogate (invalid Unicode)")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(
+            f"{_path(where, link)}: {value} is not a JSON number (NaN and Infinity are not allowed)"
+        )
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _path(where: str, link: tuple | None) -> str:
+    """'body.messages[3].content' for a value's (parent, key) chain; long keys cut short."""
+    parts: list[str] = []
+    while link is not None:
+        link, key = link
+        if isinstance(key, int):
+            parts.append(f"[{key}]")
+        else:
+            shown = key if len(key) <= MAX_KEY_CHARS_SHOWN else key[:MAX_KEY_CHARS_SHOWN] + "…"
+            parts.append(f".{shown}")
+    return where + "".join(reversed(parts))
 
 
 class StrictJSON(BaseModel):
@@ -66,7 +105,7 @@ class SamplingFields(StrictJSON):
     n: int = Field(1, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: str | FailFastList[str] | None = None
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)  # torch.Generator's 64-bit range
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -76,14 +115,14 @@ class SamplingFields(StrictJSON):
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     repetition_penalty: float = Field(1.0, gt=0.0)
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: FailFastList[int] | None = None
     skip_special_tokens: bool = True
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsParams | None = None
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | FailFastList[int] | FailFastList[str] | FailFastList[FailFastList[int]]
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
@@ -100,17 +139,17 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    content: str | FailFastList[TextPart] | None = None
+    tool_calls: FailFastList[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool result: the call it answers
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: Annotated[list[ChatMessage], Field(min_length=1, fail_fast=True)]
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[Tool] | None = None
+    tools: FailFastList[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
 
@@ -139,6 +178,21 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict]:
             message["tool_call_id"] = m.tool_call_id
         out.append(message)
     return out
+
+
+def message_texts(messages: list[ChatMessage], tools: list[Tool] | None = None) -> list[str]:
+    """Every text a conversation puts into its prompt (contents, earlier calls, tool schemas), so that
+    their length can be bounded before the chat template and the tokenizer see them."""
+    texts: list[str] = []
+    for m in messages:
+        if isinstance(m.content, str):
+            texts.append(m.content)
+        else:
+            texts.extend(p.text for p in m.content or [])
+        for call in m.tool_calls or []:
+            texts += [call.function.name, call.function.arguments]
+    texts.extend(t.model_dump_json() for t in tools or [])
+    return texts
 
 
 def single_prompt(prompt: str | list[int] | list[str] | list[list[int]]) -> str | list[int]:
