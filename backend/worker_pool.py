@@ -3,14 +3,16 @@
 The event loop must answer every client within milliseconds, so whatever one request may make long
 (parsing a large body, compiling a grammar) runs here instead. A pool never queues without bound: once
 its workers are busy and ``max_waiting`` jobs wait, ``run`` raises WorkerPoolFull at once (the server
-answers 503 with Retry-After). A job that outlives ``timeout_s`` raises WorkerTimeout to its caller; its
-thread cannot be interrupted, so its slot stays taken until the job really ends, and the line stays
-honest about the work in flight.
+answers 503 with Retry-After). A job that runs longer than ``timeout_s`` (counted from when a worker
+starts it, not while it waits in line) raises WorkerTimeout to its caller; its thread cannot be
+interrupted, so its slot stays taken until the job really ends, and the line stays honest about the
+work in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -63,16 +65,33 @@ class WorkerPool:
 
     async def run(self, function: Callable[..., T], *args: Any) -> T:
         """The job's result, awaited without blocking the event loop; WorkerPoolFull when the line is
-        full, WorkerTimeout past timeout_s, else whatever the job raised."""
-        future = asyncio.wrap_future(self.submit(function, *args))
+        full, WorkerTimeout once it has run for timeout_s, else whatever the job raised."""
+        loop = asyncio.get_running_loop()
+        started: asyncio.Future[None] = loop.create_future()
+
+        def job() -> T:
+            with contextlib.suppress(RuntimeError):  # the caller's loop has closed: run it all the same
+                loop.call_soon_threadsafe(_set_once, started)
+            return function(*args)
+
+        future = asyncio.wrap_future(self.submit(job))
         try:
+            await asyncio.wait({started, future}, return_when=asyncio.FIRST_COMPLETED)
             return await asyncio.wait_for(future, self.timeout_s)
         except TimeoutError:
-            raise WorkerTimeout(f"{self.name}: the job took longer than {self.timeout_s:g} s") from None
+            raise WorkerTimeout(f"{self.name}: the job ran longer than {self.timeout_s:g} s") from None
+        finally:
+            future.cancel()  # a caller that left takes its job out of the line (a running one ends alone)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _release(self, _future: Future | None) -> None:
+        # a job cancelled in the line never runs; one that ran releases when it ends
         with self._lock:
             self._in_flight -= 1
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
