@@ -207,7 +207,7 @@ class AsyncLLM:
     async def compile_structured_output(self, params: SamplingParams) -> None:
         """Compile the request's grammar on the grammar pool and attach it to the params, so that the
         engine thread never compiles. ValueError: over a limit, not compilable, or compiling took longer
-        than GRAMMAR_TIMEOUT_S; WorkerPoolFull: the pool and its line are full (retry later)."""
+        than the pool's time limit; WorkerPoolFull: the pool and its line are full (retry later)."""
         structured = params.structured_outputs
         if structured is None or structured.compiled is not None:
             return
@@ -217,7 +217,7 @@ class AsyncLLM:
             )
         except WorkerTimeout:
             raise ValueError(
-                f"structured_outputs.{structured.kind} took longer than {GRAMMAR_TIMEOUT_S:g} s to compile "
+                f"structured_outputs.{structured.kind} took longer than {self.grammar_pool.timeout_s:g} s to compile "
                 "(the limit); simplify it"
             ) from None
 
