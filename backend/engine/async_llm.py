@@ -217,8 +217,8 @@ class AsyncLLM:
             )
         except WorkerTimeout:
             raise ValueError(
-                f"structured_outputs.{structured.kind} took longer than {self.grammar_pool.timeout_s:g} s to compile "
-                "(the limit); simplify it"
+                f"structured_outputs.{structured.kind} took longer than {self.grammar_pool.timeout_s:g} s "
+                "to compile (the limit); simplify it"
             ) from None
 
     async def generate(
