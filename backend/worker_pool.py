@@ -76,7 +76,8 @@ class WorkerPool:
 
         future = asyncio.wrap_future(self.submit(job))
         try:
-            await asyncio.wait({started, future}, return_when=asyncio.FIRST_COMPLETED)
+            waits: set[asyncio.Future[Any]] = {started, future}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             return await asyncio.wait_for(future, self.timeout_s)
         except TimeoutError:
             raise WorkerTimeout(f"{self.name}: the job ran longer than {self.timeout_s:g} s") from None

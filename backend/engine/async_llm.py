@@ -93,6 +93,9 @@ class AsyncLLM:
         self._thread.start()
         self.llm = loaded.result()
         self.engine = self.llm.llm_engine
+        # llguidance's view of the vocabulary (~0.5-1 s, mostly holding the GIL) is built now, not by the
+        # first request with a grammar while others stream
+        self.grammar_pool.submit(self.engine.structured_output.tokenizer)
 
     @classmethod
     def from_config(

@@ -99,6 +99,7 @@ def main(args: argparse.Namespace) -> int:
 
     from backend.default_model import default_model
     from backend.engine import AsyncLLM
+    from backend.errors import UserError
     from backend.server.app import build_app, default_client_share
     from backend.server.fairness import ClientLine
 
@@ -111,7 +112,10 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     print(f"Loading {config.model} ...", flush=True)
-    engine = AsyncLLM.from_config(config)  # loaded on its stepping thread (async_llm.py)
+    try:
+        engine = AsyncLLM.from_config(config)  # loaded on its stepping thread (async_llm.py)
+    except UserError as exc:  # a model that cannot be served as given: say why, without a traceback
+        raise SystemExit(f"error: {exc}") from None
     share = args.max_waiting_per_client or default_client_share(args.max_waiting_requests)
     app = build_app(
         lambda: engine,

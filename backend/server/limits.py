@@ -19,6 +19,7 @@ from backend.engine.grammar_limits import check_schema
 from backend.errors import UserError
 
 MAX_TOOLS = 128  # OpenAI's API refuses more tools ("array too long ... maximum length 128")
+
 _LONGEST: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # per live tokenizer
 
 

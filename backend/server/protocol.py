@@ -7,12 +7,20 @@ best_of, suffix) are refused with a message that says so.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal, TypeVar, cast
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from backend.engine.sampling_params import SEED_MAX, SEED_MIN, StructuredOutputsParams
+from backend.engine.sampling_params import (
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    SEED_MAX,
+    SEED_MIN,
+    StructuredOutputsParams,
+)
 from backend.server.errors import OpenAIError
+from backend.server.limits import MAX_TOOLS
 from backend.server.structured import ResponseFormat
 from backend.server.tools import Tool, ToolCall, ToolChoice
 
@@ -20,6 +28,11 @@ T = TypeVar("T")
 # A list field that stops at its first invalid item: a million bad items make one error, not a million
 # (pydantic's fail_fast); every list a client sends is one of these.
 FailFastList = Annotated[list[T], Field(fail_fast=True)]
+# Ours: a conversation of more messages than this fits no context we serve (each message costs a few
+# template tokens), and a batch of more prompts is what a benchmark client would split anyway
+MAX_MESSAGES = 4096
+MAX_CONTENT_PARTS = 4096  # text parts and earlier tool calls, across all messages
+MAX_BATCH_PROMPTS = 2048
 MAX_JSON_DEPTH = 64  # request bodies are shallow; deeper nesting is refused before it is walked
 MAX_KEY_CHARS_SHOWN = 40  # a key in an error's path is cut to this many characters
 
@@ -79,12 +92,27 @@ def _path(where: str, link: tuple | None) -> str:
     return where + "".join(reversed(parts))
 
 
+def check_list_lengths(data: Any, limits: Mapping[str, int]) -> None:
+    """Refuse a top-level list longer than its limit before pydantic validates it: validation holds the
+    GIL for the whole list (100,000 chat messages took ~0.9 s in one call, the event loop stalled)."""
+    if not isinstance(data, dict):
+        return
+    for name, limit in limits.items():
+        value = data.get(name)
+        if isinstance(value, list) and len(value) > limit:
+            raise ValueError(f"{name} has {len(value):,} items; the limit is {limit:,}")
+
+
 class StrictJSON(BaseModel):
-    """Base of the request bodies: the whole raw body is checked once, before field validation."""
+    """Base of the request bodies: the whole raw body is checked once, before field validation: list
+    lengths against ``list_limits``, then every value (check_json_values)."""
+
+    list_limits: ClassVar[dict[str, int]] = {}
 
     @model_validator(mode="before")
     @classmethod
     def _standard_json_only(cls, data: Any) -> Any:
+        check_list_lengths(data, cls.list_limits)
         check_json_values(data)
         return data
 
@@ -97,6 +125,7 @@ class SamplingFields(StrictJSON):
     """Parameters shared by /v1/completions and /v1/chat/completions (plus vLLM's extras)."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    list_limits: ClassVar[dict[str, int]] = {"stop": MAX_STOP_STRINGS, "stop_token_ids": MAX_STOP_TOKEN_IDS}
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -123,6 +152,17 @@ class SamplingFields(StrictJSON):
 
 class CompletionRequest(SamplingFields):
     prompt: str | FailFastList[int] | FailFastList[str] | FailFastList[FailFastList[int]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded_batch(cls, data: Any) -> Any:
+        """A batch of prompts (strings or token-id lists) at most MAX_BATCH_PROMPTS long; one prompt of
+        token ids is bounded by the body and the context (ints validate in ~30 ns each)."""
+        prompt = data.get("prompt") if isinstance(data, dict) else None
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], list | str):
+            check_list_lengths({"prompt": prompt}, {"prompt": MAX_BATCH_PROMPTS})
+        return data
+
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
@@ -145,6 +185,12 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(SamplingFields):
+    list_limits: ClassVar[dict[str, int]] = {
+        **SamplingFields.list_limits,
+        "messages": MAX_MESSAGES,
+        "tools": MAX_TOOLS,
+    }
+
     messages: Annotated[list[ChatMessage], Field(min_length=1, fail_fast=True)]
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
@@ -152,6 +198,25 @@ class ChatCompletionRequest(SamplingFields):
     tools: FailFastList[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded_parts(cls, data: Any) -> Any:
+        """Content parts and earlier tool calls, counted over the (bounded) messages before validation."""
+        messages = data.get("messages") if isinstance(data, dict) else None
+        if isinstance(messages, list) and len(messages) <= MAX_MESSAGES:
+            parts = sum(
+                len(m.get("content") or []) * isinstance(m.get("content"), list)
+                + len(m.get("tool_calls") or []) * isinstance(m.get("tool_calls"), list)
+                for m in messages
+                if isinstance(m, dict)
+            )
+            if parts > MAX_CONTENT_PARTS:
+                raise ValueError(
+                    f"messages hold {parts:,} content parts and tool calls; the limit is "
+                    f"{MAX_CONTENT_PARTS:,}"
+                )
+        return data
 
 
 def refuse_unsupported(req: SamplingFields) -> None:
