@@ -14,7 +14,7 @@ import pytest
 
 from backend.engine import structured_output
 from backend.server import build_app
-from backend.server.fairness import ClientLine
+from backend.server.fairness import ClientLine, client_id
 from backend.worker_pool import WorkerPool
 from tests.server_utils import RunningServer, long_context_tiny_model, start_engine, wait_until
 
@@ -283,3 +283,10 @@ def test_one_client_cannot_fill_the_waiting_queue(engine):
         first.close()
         second.close()
         fair.stop()
+
+
+def test_the_client_behind_trusted_proxies_is_the_address_they_wrote():
+    headers = {"x-forwarded-for": "6.6.6.6, 1.2.3.4"}  # the client wrote 6.6.6.6; our proxy added 1.2.3.4
+    assert client_id("10.0.0.1", headers, 0) == "10.0.0.1"  # no trusted proxy: the peer
+    assert client_id("10.0.0.1", headers, 1) == "1.2.3.4"
+    assert client_id("10.0.0.1", {}, 1) == "10.0.0.1"  # no header: the peer
