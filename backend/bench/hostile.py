@@ -55,8 +55,9 @@ async def post(http: httpx.AsyncClient, path: str, body: bytes) -> tuple[str, in
 
 
 async def churn(http: httpx.AsyncClient, count: int = 64, concurrency: int = 16) -> tuple[str, int]:
-    """``count`` distinct grammars (each a compile), ``concurrency`` at a time; the statuses seen."""
-    gate, statuses, size = asyncio.Semaphore(concurrency), set(), 0
+    """``count`` distinct grammars (each a compile), ``concurrency`` at a time, while another client
+    streams: the statuses seen, and that stream's longest wait between two chunks."""
+    gate, statuses, size, done = asyncio.Semaphore(concurrency), set(), 0, asyncio.Event()
 
     async def one(i: int) -> None:
         nonlocal size
@@ -66,8 +67,24 @@ async def churn(http: httpx.AsyncClient, count: int = 64, concurrency: int = 16)
         statuses.add(status)
         size += length
 
+    async def bystander() -> float:
+        body = {"prompt": "Tell a long story.", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+        longest, last = 0.0, None
+        async with http.stream("POST", "/v1/completions", json=body) as resp:
+            async for _ in resp.aiter_lines():
+                now = time.perf_counter()
+                longest = max(longest, now - last) if last is not None else 0.0
+                last = now
+                if done.is_set():
+                    break
+        return longest
+
+    stream = asyncio.create_task(bystander())
+    await asyncio.sleep(1.0)  # the stream is under way
     await asyncio.gather(*(one(i) for i in range(count)))
-    return "/".join(sorted(statuses)), size
+    done.set()
+    gap = await stream
+    return f"{'/'.join(sorted(statuses))} (another stream's longest gap {gap * 1000:.0f} ms)", size
 
 
 async def fairness(url: str, flood: int = 48) -> tuple[str, int]:
