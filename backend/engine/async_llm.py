@@ -93,9 +93,6 @@ class AsyncLLM:
         self._thread.start()
         self.llm = loaded.result()
         self.engine = self.llm.llm_engine
-        # llguidance's view of the vocabulary (~0.5-1 s, mostly holding the GIL) is built now, not by the
-        # first request with a grammar while others stream
-        self.grammar_pool.submit(self.engine.structured_output.tokenizer)
 
     @classmethod
     def from_config(
@@ -268,6 +265,10 @@ class AsyncLLM:
             return
         if self._adapt_threads:
             self.compute_threads = ComputeThreads.for_serving(self.engine.device)
+        try:  # llguidance's view of the vocabulary holds the GIL ~0.3 s in one call: pay it while loading,
+            self.engine.structured_output.tokenizer()  # not when a first grammar arrives amid streams
+        except Exception:  # a vocabulary llguidance cannot read: the first grammar request will say so
+            log.warning("llguidance cannot read this tokenizer; structured outputs will fail", exc_info=True)
         loaded.set_result(self.llm)
         reason = "the engine was shut down"
         try:
