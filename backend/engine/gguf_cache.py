@@ -29,6 +29,7 @@ from gguf.quants import quant_shape_to_byte_shape
 from backend.engine.gguf.hf_config import config_dict
 from backend.engine.gguf.metadata import read_metadata
 from backend.engine.gguf.tokenizer import gguf_tokenizer
+from backend.model_limits import check_config, check_gguf_header
 
 log = logging.getLogger(__name__)
 COMPLETE = "converted-from-gguf"  # the marker written last
@@ -67,6 +68,7 @@ def _convert(path: Path) -> tuple[Any, Any]:
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(**config_dict(read_metadata(str(path))))
+    check_config(config.to_dict())
     config._name_or_path = str(path.parent)
     return config, gguf_tokenizer(str(path))
 
@@ -148,6 +150,7 @@ def tensors(gguf_path: str) -> tuple[str, list[GGUFTensor]]:
     if saved is not None:
         file = np.memmap(path, dtype=np.uint8, mode="r")
         return saved["architecture"], [_tensor(file, *entry) for entry in saved["tensors"]]
+    check_gguf_header(path)
     reader = GGUFReader(path)
     field = reader.fields["general.architecture"]
     architecture = bytes(field.parts[field.data[0]]).decode()

@@ -27,6 +27,7 @@ from backend.engine.quantization.gptq_awq import METHODS, PackedWeight, take_pac
 from backend.engine.quantization.install import install_quantized
 from backend.engine.quantization.quantized_linear import Part, dequantize_part
 from backend.errors import ModelNotFound
+from backend.model_limits import check_config, read_config_json
 from backend.model_names import served_model_name
 
 SUPPORTED_ARCHITECTURES = supported_architectures()  # models/registry.py
@@ -195,6 +196,7 @@ def read_config_and_tokenizer(folder: str, gguf_file: str | None, trust_remote_c
 
     if gguf_file:
         return config_and_tokenizer(str(Path(folder) / gguf_file), trust_remote_code)[:2]
+    check_config(read_config_json(Path(folder) / "config.json"))  # bounded before transformers reads it
     config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
     return config, AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
 

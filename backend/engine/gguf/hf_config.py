@@ -171,11 +171,11 @@ def _phi3(meta: GGUFMetadata, config: Config) -> Config:
 
 def _rope_factors(meta: GGUFMetadata, config: Config) -> Config:
     """long_factor / short_factor from rope_factors_long / _short: one per rotary frequency."""
-    from backend.engine import gguf_cache  # it converts through this module: imported when needed
+    from gguf import GGUFReader  # only LongRoPE files need their tensor table here
 
     rope = config["rope_parameters"]
     frequencies = int(config["head_dim"] * rope.get("partial_rotary_factor", 1.0)) // 2
-    _, tensors = gguf_cache.tensors(meta.path)
+    tensors = GGUFReader(meta.path).tensors  # the header was bounded when the metadata was read
     factors: Config = {}
     for tensor in tensors:
         if tensor.name in ("rope_factors_long.weight", "rope_factors_short.weight"):

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from backend.model_limits import check_gguf_header
+
 # Upper bounds on what a real model states; a file outside them is refused before anything is allocated.
 # The largest published models stay far below each: Llama-3.1-405B has 126 layers, 128 heads, hidden 16384
 # and a 53248-wide MLP; Gemma 3 a 262144-token vocabulary and 512-wide heads (Gemma 4); Kimi K2 384 experts;
@@ -110,6 +112,7 @@ def read_metadata(path: str) -> GGUFMetadata:
     """The file's metadata and tensor names (no tensor data, no vocabulary strings)."""
     from transformers.integrations.gguf import read_gguf_metadata
 
+    check_gguf_header(path)  # counts and lengths bounded (model_limits) before the reader allocates
     try:
         fields, names = read_gguf_metadata(path)
     except (struct.error, UnicodeDecodeError, IndexError, OverflowError, MemoryError) as exc:
