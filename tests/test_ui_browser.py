@@ -3,7 +3,7 @@
 One app process serves the whole module and the tests share one page, like a user going through the tabs:
 Plan -> "Launch this plan here" -> Launch -> Chat (+ load) -> Benchmark -> Monitor -> Export. Each test
 sets up what it needs (its tab, the plan, the `engine` fixture), so any one of them also passes alone. Each
-saves a screenshot of its tab to assets/screenshots/ (the README shows them).
+saves a screenshot of its tab to docs/img/ (the README shows them).
 """
 
 from __future__ import annotations
@@ -152,6 +152,10 @@ def test_launch_this_plan_here_explains_and_offers_the_default_model(page, serve
     # the form names the model by its Hub id (it runs from the bundled GGUF file), never by a path
     assert page.locator("#launch-form textarea").first.input_value() == DEFAULT_HUB_ID
     assert "site-packages" not in page.locator("#launch-form").inner_text()
+    switch = page.locator("#launch-form input[type=checkbox]").first  # the knobs, folded at first
+    if not switch.is_visible():
+        page.get_by_text("Engine options").click()
+    switch.wait_for(state="visible")
     assert cut_off_labels(page, "#launch-form") == []  # vLLM's knob names are readable in full
     assert wrapped_names(page, "#launch-form") == []  # ... each on one line
     assert "read weights" in page.locator("#load-phases").inner_text()  # where the load time went
