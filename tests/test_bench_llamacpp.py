@@ -57,29 +57,31 @@ def test_batched_bench_picks_the_row_of_the_batch_size():
     assert rows[0]["speed_tg"] != rows[1]["speed_tg"]
 
 
-def test_ratio_is_our_median_over_llama_cpps():
-    ours = DecodeRow(ENGINE, 16, [30.0, 10.0, 40.0])  # median 30
-    peer = DecodeRow(PEER, 16, [25.0, 20.0, 5.0])  # median 20
-    assert ratio(ours, peer) == pytest.approx(1.5)
+def test_ratio_is_the_median_of_each_rounds_ratio():
+    ours = DecodeRow(ENGINE, 16, [30.0, 10.0, 40.0])
+    peer = DecodeRow(PEER, 16, [20.0, 10.0, 10.0])  # rounds: 1.5, 1.0, 4.0 (a busy neighbour in round 2)
+    value, rounds = ratio(ours, peer)
+    assert rounds == pytest.approx([1.5, 1.0, 4.0])
+    assert value == pytest.approx(1.5)
     with pytest.raises(ValueError, match="one batch size, got 16 and 1"):
         ratio(ours, DecodeRow(PEER, 1, [20.0]))
-    with pytest.raises(ValueError, match="without timed rounds"):
-        ratio(ours, DecodeRow(PEER, 16))
+    with pytest.raises(ValueError, match="paired rounds needed, got 3 and 2"):
+        ratio(ours, DecodeRow(PEER, 16, [20.0, 10.0]))
 
 
 def test_table_rows_ratios_and_bars():
     rows = [
         DecodeRow(PEER, 1, [10.0, 12.0, 11.0]),
-        DecodeRow(ENGINE, 1, [9.0, 10.0, 10.5]),  # 10 / 11: below the batch-1 bar of 1.0x
+        DecodeRow(ENGINE, 1, [9.0, 10.0, 12.1]),  # rounds 0.90, 0.83, 1.10: median 0.90, below 1.0x
         DecodeRow(PEER, 16, [40.0, 44.0, 42.0]),
-        DecodeRow(ENGINE, 16, [63.0, 70.0, 66.0]),  # 66 / 42 = 1.57x: meets 1.5x
+        DecodeRow(ENGINE, 16, [63.0, 70.0, 60.0]),  # rounds 1.575, 1.59, 1.43: median 1.575, meets 1.5x
     ]
     header, rule, *body = format_table(rows)
     assert "engine / llama.cpp" in header and rule.startswith("|---")
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in body]
     assert cells == [
-        ["llama.cpp", "1", "11.00", "10.00-12.00", "", "", ""],
-        ["engine", "1", "10.00", "9.00-10.50", "0.91x", "1.0x", "no"],
-        ["llama.cpp", "16", "42.00", "40.00-44.00", "", "", ""],
-        ["engine", "16", "66.00", "63.00-70.00", "1.57x", "1.5x", "yes"],
+        ["llama.cpp", "1", "11.00", "10.00-12.00", "", "", "", ""],
+        ["engine", "1", "10.00", "9.00-12.10", "0.90x", "0.83-1.10", "1.0x", "no"],
+        ["llama.cpp", "16", "42.00", "40.00-44.00", "", "", "", ""],
+        ["engine", "16", "63.00", "60.00-70.00", "1.57x", "1.43-1.59", "1.5x", "yes"],
     ]

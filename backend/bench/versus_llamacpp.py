@@ -3,6 +3,7 @@
     python -m backend.bench.versus_llamacpp                       # Llama-3.2-1B's shape, llama-quantize Q4_0
     python -m backend.bench.versus_llamacpp --rounds 3 --batch-sizes 1,16 --n-gen 64 --prompt-len 16
     python -m backend.bench.versus_llamacpp --model FILE.gguf     # any GGUF file both can run
+    python -m backend.bench.offline --peer llamacpp [--model FILE.gguf]   # the same, with the defaults
 
 The file is a random-weight model of the shape (bench_models.py: written by llama.cpp's own converter,
 quantized by its llama-quantize), so both read the same bytes. Batch 1 is llama-bench's tg test
@@ -13,7 +14,9 @@ as served: captured decode steps, the GGUF's blocks as stored, torch threads = l
 
 A first round of every measurement is untimed (weights paged in, kernels built, batch shapes captured);
 then --rounds rounds alternate the two engines measurement by measurement, so that a busy neighbour on a
-shared machine slows both alike. The table gives each row's median and spread.
+shared machine slows both alike. The table gives each row's median and spread, and the median of the
+rounds' ratios (ours over llama.cpp's in the same round). --pure quantizes every matrix to Q4_0 (the
+default is llama-quantize's Q4_0 mix, which keeps a tied embedding as Q6_K).
 """
 
 from __future__ import annotations
@@ -122,7 +125,10 @@ def main(args: argparse.Namespace) -> int:
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     print(f"{started}, commit {commit()}, {args.threads} threads each, load average {load_average()}")
     print(cpu_summary(), flush=True)
-    models = [Path(args.model)] if args.model else [bench_models.bench_gguf(s, "Q4_0") for s in args.shapes]
+    if args.model:
+        models = [Path(args.model)]
+    else:
+        models = [bench_models.bench_gguf(shape, "Q4_0", args.pure) for shape in args.shapes]
     for model in models:
         rows = run(model, args)
         workload = f"{args.rounds} rounds of {args.n_gen} tokens, {args.prompt_len}-token prompts (batch > 1)"
@@ -144,6 +150,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=["llama-3.2-1b"],
         help=f"random models in Q4_0: {shapes}",
     )
+    parser.add_argument(
+        "--pure", action="store_true", help="every matrix Q4_0 (default: llama-quantize's mix)"
+    )
     parser.add_argument("--batch-sizes", type=lambda s: [int(b) for b in s.split(",")], default=[1, 16])
     parser.add_argument("--n-gen", type=int, default=64, help="decode steps timed")
     parser.add_argument(
@@ -153,7 +162,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=local_cpu_host().cores, help="default: the cores")
 
 
-if __name__ == "__main__":
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser)
-    raise SystemExit(main(parser.parse_args()))
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(parse_args()))
