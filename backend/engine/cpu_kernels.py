@@ -183,7 +183,7 @@ def _open(path: Path) -> ctypes.CDLL:
         library.linear_bf16_small.argtypes = [PTR] * 4 + [INT] * 3
         library.linear_bf16_small.restype = None
         for name, argtypes in QUANT_SIGNATURES.items():
-            for qtype in QUANT_TYPES:
+            for qtype in (*QUANT_TYPES, "mxfp4"):  # MXFP4: MoE experts (layers/fused_moe) only
                 for suffix in SUFFIX.values():
                     getattr(library, f"{name}_{qtype}_{suffix}").argtypes = argtypes
                     getattr(library, f"{name}_{qtype}_{suffix}").restype = None

@@ -14,6 +14,7 @@ import torch
 
 from backend.engine import cpu_kernels
 from backend.engine.device import cpu_has_fast_bf16
+from backend.engine.layers.fused_moe.native import NativeMoE
 from backend.engine.models.llama import Linear
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.interleaved import Interleaved
@@ -33,6 +34,7 @@ class Signature(IntEnum):  # csrc/step_graph.cpp's, with the argument lists writ
     INTERLEAVED = 7
     EMBEDDING = 8
     WIDEN = 9
+    MOE = 10
 
 
 class Op(ctypes.Structure):
@@ -214,3 +216,16 @@ def decode_attention_op(
     ints += [block_tables.shape[1], qkv.stride(0)]
     name = cpu_kernels.kernel_name("paged_decode_attention", out.dtype, k_cache.dtype)
     return op(name, Signature.DECODE_ATTENTION, 6, ints, (scale * kv_scales[0], kv_scales[1]))
+
+
+def moe_op(
+    native: NativeMoE,
+    x: torch.Tensor,  # [S, H]
+    logits: torch.Tensor,  # [S, E]: the router's output
+    shared: tuple[torch.Tensor | None, torch.Tensor | None],  # a shared expert's output [S, H], gate [S, 1]
+    out: torch.Tensor,  # [S, H]
+    workspace: torch.Tensor,  # uint8, native.workspace_bytes(S)
+) -> Op:
+    """A MoE block's routing, routed experts and combine in one call (csrc/moe.cpp), the eager module's."""
+    ints = [native.address, x.data_ptr(), logits.data_ptr(), ptr(shared[0]), ptr(shared[1]), out.data_ptr()]
+    return op(f"moe_forward_{native.suffix}", Signature.MOE, 7, [*ints, workspace.data_ptr(), 0])

@@ -23,6 +23,7 @@ enum Signature : int64_t {
     INTERLEAVED = 7,     // (x, w, bias, y, rows, n, k, ldy, groups, float_out): interleaved_gemm_*
     EMBEDDING = 8,       // (ids, table, out, rows, k or row bytes): interleaved_embedding_q8_0, embedding_rows
     WIDEN = 9,           // (y, rows, n): widen_bf16_rows
+    MOE = 10,            // (layer, x, logits, shared, shared_gate, out, workspace, rows): moe_forward_*
 };
 
 constexpr int MAX_INTS = 14;
@@ -57,6 +58,10 @@ void run(const Op &op) {
         case INTERLEAVED:
             reinterpret_cast<void (*)(P, P, P, P, I, I, I, I, P, I)>(op.function)(
                 p(a, 0), p(a, 1), p(a, 2), p(a, 3), a[4], a[5], a[6], a[7], p(a, 8), a[9]);
+            break;
+        case MOE:
+            reinterpret_cast<void (*)(P, P, P, P, P, P, P, I)>(op.function)(p(a, 0), p(a, 1), p(a, 2), p(a, 3), p(a, 4),
+                                                                           p(a, 5), p(a, 6), a[7]);
             break;
         case WIDEN:
             reinterpret_cast<void (*)(P, I, I)>(op.function)(p(a, 0), a[1], a[2]);

@@ -6,7 +6,8 @@ gpt-oss checkpoints store `*_blocks` [.., n, k / 32, 16] (byte j: value 2 j low,
 [.., n, k / 32]; from_gpt_oss moves those bytes into GGUF's blocks, nothing rounded. A value decodes to
 ggml's doubled e2m1 value times 2^(e - 128) (KVALUES, gguf-py's dequantize and csrc/mxfp4.h), which for
 every scale but the reserved e = 255 is transformers' FP4_VALUES[nibble] * 2^(e - 127)
-(integrations/mxfp4.py): dequantize computes it in fp32, exactly.
+(integrations/mxfp4.py; its -0.0 for code 8 is +0.0 here, as in ggml): dequantize computes it in fp32,
+exactly.
 
 interleave() lays the blocks out in csrc/interleaved.cpp's 16-row panels (interleaved.Interleaved, qtype
 "mxfp4"): per panel-block the 16 rows' scale bytes, then 8 chunks of 32 bytes as Q4_0's (chunk c's byte
@@ -23,8 +24,8 @@ from backend.engine.quantization.interleaved import PANEL, Interleaved
 QTYPE = "mxfp4"
 BLOCK, BLOCK_BYTES = 32, 17  # values a block, bytes a block (gguf GGML_QUANT_SIZES[MXFP4])
 PANEL_BLOCK_BYTES = PANEL + PANEL * 16  # 16 scale bytes, 8 chunks of 32 bytes
-# e2m1 codes 0-15 doubled (ggml's kvalues_mxfp4, gguf-py's MXFP4.kvalues)
-KVALUES = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, -0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0)
+# e2m1 codes 0-15 doubled (ggml's kvalues_mxfp4, gguf-py's MXFP4.kvalues: int8, so code 8, e2m1's -0, is +0)
+KVALUES = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0)
 
 
 def from_gpt_oss(blocks: torch.Tensor, scales: torch.Tensor) -> QuantizedWeight:

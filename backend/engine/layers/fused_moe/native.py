@@ -94,8 +94,6 @@ def _library() -> ctypes.CDLL:
         getattr(library, f"moe_forward_{suffix}").restype = None
         getattr(library, f"moe_route_{suffix}").argtypes = [PTR, PTR, INT, PTR, PTR]
         getattr(library, f"moe_route_{suffix}").restype = None
-        getattr(library, f"quant_dequant_mxfp4_{suffix}").argtypes = [PTR, PTR, INT, INT]
-        getattr(library, f"quant_dequant_mxfp4_{suffix}").restype = None
     library.moe_workspace_bytes.argtypes = [PTR, INT, INT]
     library.moe_workspace_bytes.restype = ctypes.c_int64
     return library
@@ -173,10 +171,3 @@ class NativeMoE:
         function(self.address, logits.data_ptr(), rows, ids.data_ptr(), weights.data_ptr())
         return weights, ids
 
-
-def dequantize_mxfp4_native(data: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """csrc/quantized.cpp's decoding of GGUF MXFP4 blocks data [n, row bytes] into out [n, k] (fp32/bf16)."""
-    assert data.is_contiguous() and out.is_contiguous()
-    function = getattr(_library(), f"quant_dequant_mxfp4_{cpu_kernels.SUFFIX[out.dtype]}")
-    function(data.data_ptr(), out.data_ptr(), out.shape[0], out.shape[1])
-    return out
