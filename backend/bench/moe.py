@@ -106,9 +106,8 @@ def measure(layer, shape: str, rows: int, repeat: int, expert_bytes: float) -> R
             ids = torch.topk(layer.gate(x).float(), layer.config.top_k, dim=-1).indices
             distinct.append(ids.unique().numel())
     warm = max(3, repeat // 10)
-    return Result(
-        shape, rows, statistics.median(times[warm:]) * 1e6, statistics.median(distinct) * expert_bytes
-    )
+    wall, cpu = statistics.median(times[warm:]) * 1e6, statistics.median(cpu_times[warm:]) * 1e6
+    return Result(shape, rows, wall, cpu, statistics.median(distinct) * expert_bytes)
 
 
 def main(argv: list[str] | None = None) -> None:
