@@ -110,6 +110,39 @@ def measure(layer, shape: str, rows: int, repeat: int, expert_bytes: float) -> R
     return Result(shape, rows, wall, cpu, statistics.median(distinct) * expert_bytes)
 
 
+def dense_baseline(shape: str, qtype: str, repeat: int) -> tuple[float, float]:
+    """(wall, CPU) median microseconds of one token through top_k experts' weights as two plain
+    interleaved_gemm calls (the experts' gate_up rows stacked, then their down columns side by side), eight
+    copies in turn so that they come from DRAM as the layer's do: what the layer's grouping costs on top."""
+    import torch
+
+    from backend.engine import cpu_kernels
+    from backend.engine.quantization.gguf_reader import QuantizedWeight
+    from backend.engine.quantization.interleaved import interleave
+
+    _, top_k, hidden, inter = SHAPES[shape]
+    generator = torch.Generator().manual_seed(1)
+
+    def weight(rows: int, cols: int):
+        return interleave(QuantizedWeight(qtype, random_blocks(qtype, rows, cols, generator), (rows, cols)))
+
+    copies = [(weight(top_k * 2 * inter, hidden), weight(hidden, top_k * inter)) for _ in range(8)]
+    x, act = torch.randn(1, hidden, generator=generator).bfloat16(), torch.randn(1, top_k * inter).bfloat16()
+    gate_up, out = (
+        torch.empty(1, top_k * 2 * inter, dtype=torch.bfloat16),
+        torch.empty(1, hidden, dtype=torch.bfloat16),
+    )
+    times, cpu_times = [], []
+    for i in range(max(3, repeat // 10) + repeat):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        cpu_kernels.interleaved_gemm(x, copies[i % 8][0], None, gate_up)
+        cpu_kernels.interleaved_gemm(act, copies[i % 8][1], None, out)
+        times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - start_cpu)
+    warm = max(3, repeat // 10)
+    return statistics.median(times[warm:]) * 1e6, statistics.median(cpu_times[warm:]) * 1e6
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -136,6 +169,11 @@ def main(argv: list[str] | None = None) -> None:
         for rows in args.rows:
             result = measure(layer, shape, rows, args.repeat, expert_bytes)
             print(result.line(2.0 * top_k * 3 * hidden * inter))
+            if rows == 1 and args.qtype in ("q4_0", "q4_1", "q8_0"):
+                wall, cpu = dense_baseline(shape, args.qtype, args.repeat)
+                ratio = result.median_cpu_us / cpu
+                print(f"{shape:6} rows   1  {wall:8.0f} us (CPU {cpu:8.0f} us)  the same bytes in two plain "
+                      f"interleaved_gemm calls; the layer: {ratio:.2f}x their CPU time")  # fmt: skip
         del layer
 
 
