@@ -3,19 +3,24 @@ weights, one tiny config per family: loaded from the checkpoint save_pretrained 
 names, Granite's stacked ones), our block picks the experts transformers' router picks, in its order, and
 its output equals transformers' within fp32 summation error at 1, 7 and 64 tokens (one token leaves most
 experts without tokens). transformers' in-memory (fused) names load the same parameters; gpt-oss's MXFP4
-blocks load as stored and compute what transformers computes from their dequantization. Planted bugs (gate
-and up swapped, renormalisation flipped, an expert's weights shifted) fail the comparison."""
+blocks, and GGUF's expert tensors, load as stored and compute what their dequantization computes. Planted
+bugs (gate and up swapped, renormalisation flipped, an expert's weights shifted) fail the comparison."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from backend.engine.layers.fused_moe import FusedMoE, MoEConfig, load_moe_weight, moe_config, moe_weight
+from backend.engine.layers.fused_moe.checkpoint import gguf_experts
 from backend.engine.layers.fused_moe.routing import select_experts
+from backend.engine.quantization.gguf_blocks import dequantize
+from backend.engine.quantization.gguf_reader import QuantizedWeight
+from tests.gguf_utils import Q, random_blocks
 from tests.moe_utils import (
     EXPERTS,
     FAMILIES,
@@ -86,10 +91,36 @@ def test_gpt_oss_mxfp4_checkpoint_as_stored():
                 convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
             )
     block = load_block(model, state)
-    assert block.quantized is not None and block.quantized[0].qtype == "mxfp4"
+    assert block.quantized["w13"].qtype == block.quantized["w2"].qtype == "mxfp4"
     x = torch.randn(7, HIDDEN, generator=generator)
     with torch.no_grad():
         assert close(block(x), hf_block(model, x))
+
+
+@pytest.mark.parametrize("types", [("q4_0", "q4_0", "q6_k"), ("q4_0", "q8_0", "q4_k")])
+def test_gguf_experts_kept_as_stored(types):
+    """ffn_gate_exps / ffn_up_exps / ffn_down_exps as gguf_reader hands them (experts stacked on rows): gate
+    and up of one type joined into w13's blocks, of two types decoded into the dense weights; either way the
+    block computes what the decoded weights compute, bit for bit (the PyTorch path decodes exactly)."""
+    config = MoEConfig(4, 2, 256, 256, "softmax_topk", renormalize=True)
+    rng = np.random.default_rng(0)
+    parts = [
+        QuantizedWeight(
+            qtype, torch.from_numpy(random_blocks(Q[qtype.upper()], 4 * rows, 256, rng)), (4 * rows, 256)
+        )
+        for qtype, rows in zip(types, (256, 256, 256), strict=True)
+    ]
+    block, dense = FusedMoE(config), FusedMoE(config)
+    torch.nn.init.normal_(block.gate.weight)
+    dense.gate.weight.data.copy_(block.gate.weight)
+    gguf_experts(block, *parts)
+    assert ("w13" in block.quantized) == (types[0] == types[1]) and block.quantized["w2"].qtype == types[2]
+    with torch.no_grad():
+        decoded = [dequantize(p.data, p.qtype).view(4, 256, 256) for p in parts]
+        dense.w13_weight.copy_(torch.cat(decoded[:2], 1))
+        dense.w2_weight.copy_(decoded[2])
+        x = torch.randn(9, 256)
+        assert torch.equal(block(x), dense(x))
 
 
 def test_checkpoint_names():

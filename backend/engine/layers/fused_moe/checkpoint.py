@@ -22,8 +22,10 @@ from typing import Literal
 
 import torch
 
+from backend.engine.layers.fused_moe.experts import ExpertTensor, expert_matrix
 from backend.engine.layers.fused_moe.layer import FusedMoE
 from backend.engine.quantization import mxfp4
+from backend.engine.quantization.gguf_reader import QuantizedWeight
 
 Target = Literal[
     "router", "router_bias", "w13", "w2", "w13_bias", "w2_bias", "w13_blocks", "w13_scales", "w2_blocks",
@@ -130,3 +132,39 @@ def _mxfp4_part(layer: FusedMoE, target: str, tensor: torch.Tensor) -> None:
     w13 = mxfp4.from_gpt_oss(halves(pending.pop("w13_blocks")), halves(pending.pop("w13_scales")))
     w2 = mxfp4.from_gpt_oss(pending.pop("w2_blocks"), pending.pop("w2_scales"))
     layer.set_quantized_experts(w13, w2)
+
+
+def gguf_experts(
+    block: FusedMoE,
+    gate: ExpertTensor,  # GGUF ffn_gate_exps: blocks [E * I, row bytes] (gguf_reader), or dense [E, I, H]
+    up: ExpertTensor,  # ffn_up_exps, the same
+    down: ExpertTensor,  # ffn_down_exps: [E * H, row bytes], or dense [E, H, I]
+    biases: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    | None = None,  # gpt-oss: gate [E, I], up, down [E, H]
+) -> None:
+    """One layer's experts from a GGUF file into block, kept as stored: gate and up of one type joined per
+    expert into w13's blocks (gate rows, then up rows: whole blocks move); a dense (dequantized) projection,
+    or gate and up of different types, copied into the dense parameters."""
+    experts, inter = block.config.num_experts, block.config.intermediate_size
+    if isinstance(gate, QuantizedWeight) and isinstance(up, QuantizedWeight) and gate.qtype == up.qtype:
+        rows = torch.cat((gate.data.view(experts, inter, -1), up.data.view(experts, inter, -1)), 1)
+        w13 = QuantizedWeight(
+            gate.qtype, rows.reshape(experts * 2 * inter, -1), (experts * 2 * inter, gate.shape[1])
+        )
+        block.set_quantized_experts(w13=w13)
+    else:
+        _copy(block.w13_weight, torch.cat((_dense(gate, experts), _dense(up, experts)), 1), "w13 (gate, up)")
+    if isinstance(down, QuantizedWeight):
+        block.set_quantized_experts(w2=down)
+    else:
+        _copy(block.w2_weight, _dense(down, experts), "w2 (down)")
+    if biases is not None:
+        _copy(block.w13_bias, torch.cat(biases[:2], 1), "w13 bias")
+        _copy(block.w2_bias, biases[2], "w2 bias")
+
+
+def _dense(weight: ExpertTensor, experts: int) -> torch.Tensor:
+    """[E, n, k] float of a projection's experts (GGUF blocks decoded exactly)."""
+    if isinstance(weight, torch.Tensor):
+        return weight.view(experts, -1, weight.shape[-1])
+    return torch.stack([expert_matrix(weight, e, experts, torch.float32) for e in range(experts)])

@@ -49,32 +49,36 @@ class FusedMoE(nn.Module):
         shared = config.shared_intermediate_size
         self.shared_expert = SharedExpert(hidden, shared) if shared else None
         self.shared_expert_gate = Linear(hidden, 1, bias=False) if config.shared_expert_gate else None
-        self.quantized: tuple[QuantizedWeight, QuantizedWeight] | None = None  # (w13, w2) kept as blocks
+        self.quantized: dict[str, QuantizedWeight] = {}  # "w13" / "w2" kept as GGUF blocks
         self.pending_mxfp4: dict[
             str, torch.Tensor
         ] = {}  # checkpoint.py: MXFP4 blocks / scales until all came
         self.native: NativeMoE | None = None
         self.scratch = scratch if scratch is not None else Scratch()  # the native call's workspace
 
-    def set_quantized_experts(self, w13: QuantizedWeight, w2: QuantizedWeight) -> None:
-        """Experts kept as GGUF blocks: w13 [E * 2 I, row bytes] (expert e's gate rows, then its up rows),
-        w2 [E * H, row bytes]; the dense parameters are dropped."""
+    def set_quantized_experts(
+        self, w13: QuantizedWeight | None = None, w2: QuantizedWeight | None = None
+    ) -> None:
+        """Experts kept as GGUF blocks (either projection, or both): w13 [E * 2 I, row bytes] (expert e's gate
+        rows, then its up rows), w2 [E * H, row bytes]; the dense parameter each replaces is dropped."""
         config = self.config
         want = {"w13": (config.num_experts * 2 * config.intermediate_size, config.hidden_size)}
         want["w2"] = (config.num_experts * config.hidden_size, config.intermediate_size)
         for name, weight in (("w13", w13), ("w2", w2)):
+            if weight is None:
+                continue
             if tuple(weight.shape) != want[name]:
                 raise ValueError(
                     f"{name} experts must be {want[name]} (experts stacked on rows), got {weight.shape}"
                 )
-        self.quantized = (w13, w2)
-        self.w13_weight = nn.Parameter(self.w13_weight.new_empty(0), requires_grad=False)
-        self.w2_weight = nn.Parameter(self.w2_weight.new_empty(0), requires_grad=False)
-        self.register_buffer("w13_blocks", w13.data)  # counted by weights_bytes, moved by .to()
-        self.register_buffer("w2_blocks", w2.data)
+            self.quantized[name] = weight
+            dense = getattr(self, f"{name}_weight")
+            setattr(self, f"{name}_weight", nn.Parameter(dense.new_empty(0), requires_grad=False))
+            self.register_buffer(f"{name}_blocks", weight.data)  # counted by weights_bytes, moved by .to()
 
     def experts(self) -> tuple[ExpertTensor, ExpertTensor]:
-        return self.quantized if self.quantized is not None else (self.w13_weight, self.w2_weight)
+        """(w13, w2): each dense [E, n, k] or GGUF blocks of the experts on rows."""
+        return self.quantized.get("w13", self.w13_weight), self.quantized.get("w2", self.w2_weight)
 
     def prepare_experts(self, use_kernels: bool) -> None:
         """Both projections on csrc/moe.cpp where a native format serves them (after the model prepared its
@@ -86,14 +90,15 @@ class FusedMoE(nn.Module):
         ]
         if projections[0] is None or projections[1] is None:
             return
-        biases = (self.w13_bias, self.w2_bias)
-        self.native = NativeMoE(self.config, (projections[0], projections[1]), biases, dtype)
-        if self.quantized is None:
-            self.w13_weight = nn.Parameter(self.w13_weight.new_empty(0), requires_grad=False)
-            self.w2_weight = nn.Parameter(self.w2_weight.new_empty(0), requires_grad=False)
-        else:
-            del self.w13_blocks, self.w2_blocks
-            self.quantized = None
+        self.native = NativeMoE(
+            self.config, (projections[0], projections[1]), (self.w13_bias, self.w2_bias), dtype
+        )
+        for name in ("w13", "w2"):
+            if self.quantized.pop(name, None) is not None:
+                delattr(self, f"{name}_blocks")
+            else:
+                dense = getattr(self, f"{name}_weight")
+                setattr(self, f"{name}_weight", nn.Parameter(dense.new_empty(0), requires_grad=False))
         for i, tensor in enumerate(self.native.tensors()[:2]):
             self.register_buffer(f"native_{i}", tensor)
 

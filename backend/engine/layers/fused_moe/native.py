@@ -170,4 +170,3 @@ class NativeMoE:
         function = getattr(_library(), f"moe_route_{self.suffix}")
         function(self.address, logits.data_ptr(), rows, ids.data_ptr(), weights.data_ptr())
         return weights, ids
-
