@@ -23,7 +23,8 @@ from backend.engine.layers.fused_moe import FusedMoE, MoEConfig
 from backend.engine.layers.fused_moe.graph import moe_buffers, moe_ops, unsupported_moe
 from backend.engine.layers.fused_moe.native import NativeExperts, NativeMoE
 from backend.engine.layers.fused_moe.routing import select_experts
-from backend.engine.models.llama import MLP, Linear, can_prepare
+from backend.engine.layers.linear import Linear, can_prepare
+from backend.engine.layers.mlp import GatedMLP
 from backend.engine.quantization import mxfp4
 from backend.engine.quantization.gguf_blocks import KEPT_TYPES
 from backend.engine.quantization.gguf_reader import QuantizedWeight
@@ -65,9 +66,9 @@ def prepare(block: FusedMoE) -> FusedMoE:
             if isinstance(module, Linear):
                 module.prepare()
     for module in block.modules():
-        if isinstance(module, Linear | MLP):
+        if isinstance(module, Linear | GatedMLP):
             module.use_kernel = True
-        if isinstance(module, MLP):
+        if isinstance(module, GatedMLP):
             module.fused_silu_and_mul = module.gate_up_proj.fused_silu_and_mul
     block.prepare_experts(use_kernels=True)
     return block

@@ -18,20 +18,10 @@ from backend.engine.layers.fused_moe.config import MoEConfig
 from backend.engine.layers.fused_moe.experts import ExpertTensor, activation, expert_matrix, fused_experts
 from backend.engine.layers.fused_moe.native import NativeMoE, native_experts
 from backend.engine.layers.fused_moe.routing import select_experts
-from backend.engine.models.llama import MLP, Linear
+from backend.engine.layers.linear import Linear
+from backend.engine.layers.mlp import GatedMLP
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.quantized_linear import Scratch
-
-
-class SharedExpert(MLP):
-    """A shared expert: the decoder's gated MLP at its own intermediate size (prepared as MLPs are)."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
-        nn.Module.__init__(self)
-        self.intermediate_size = intermediate_size
-        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.gate_up_proj.is_gate_up = True
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
 
 
 class FusedMoE(nn.Module):
@@ -47,7 +37,7 @@ class FusedMoE(nn.Module):
             self.w13_bias = nn.Parameter(torch.zeros(experts, 2 * inter), requires_grad=False)
             self.w2_bias = nn.Parameter(torch.zeros(experts, hidden), requires_grad=False)
         shared = config.shared_intermediate_size
-        self.shared_expert = SharedExpert(hidden, shared) if shared else None
+        self.shared_expert = GatedMLP(hidden, shared, bias=False) if shared else None
         self.shared_expert_gate = Linear(hidden, 1, bias=False) if config.shared_expert_gate else None
         self.quantized: dict[str, QuantizedWeight] = {}  # "w13" / "w2" kept as GGUF blocks
         self.pending_mxfp4: dict[
