@@ -42,6 +42,8 @@ from backend.engine.graph_ops import (
 )
 from backend.engine.layers.attention import Attention
 from backend.engine.layers.decoder import DecoderLayer
+from backend.engine.layers.fused_moe import FusedMoE
+from backend.engine.layers.fused_moe.graph import moe_buffers, moe_ops
 from backend.engine.layers.mlp import GatedMLP
 from backend.engine.layers.norm import RMSNorm
 from backend.engine.models.base import CausalLM
@@ -85,6 +87,8 @@ class DecodeGraph:
         # fp32 logits, as the eager step's .float() gives them: gemm_bf16 and interleaved lm_heads write them
         # (float_out), a row-layout one writes bf16 that the next call widens in place (graph_ops)
         self.logits = buffer(model.args.vocab_size, torch.float32)
+        blocks = [m for m in model.modules() if isinstance(m, FusedMoE)]  # one set of buffers serves all
+        self.moe_buffers = moe_buffers(blocks, size, dtype, device) if blocks else None
         ops = self.capture(kv_caches)
         self.ops = (Op * len(ops))(*ops)
 
@@ -142,6 +146,9 @@ class DecodeGraph:
 
     def mlp_ops(self, layer: DecoderLayer) -> list[Op]:
         mlp = layer.mlp
+        if isinstance(mlp, FusedMoE):  # router, shared expert, then routing, experts and combine in one call
+            assert self.moe_buffers is not None
+            return moe_ops(mlp, self.normed, self.out, self.moe_buffers)
         assert isinstance(mlp, GatedMLP)
         if mlp.fused_silu_and_mul:
             ops = linear_ops(mlp.gate_up_proj, self.normed, self.activation)
@@ -193,6 +200,8 @@ class DecodeGraph:
         """Bytes of the persistent buffers the captured calls read and write (every tensor this graph
         allocated; vLLM logs its CUDA graphs' memory): stats() and the startup log report it."""
         values = list(vars(self).values())
+        if self.moe_buffers is not None:
+            values += [*self.moe_buffers.activations, self.moe_buffers.workspace]
         tensors = [t for value in values for t in (value if isinstance(value, tuple) else [value])]
         return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
 

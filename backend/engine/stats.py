@@ -101,6 +101,9 @@ class EngineStats:
     spec_decode_num_accepted_tokens_per_pos_total: list[int] = field(default_factory=list)
     spec_decode_acceptance_rate: float = 0.0  # accepted / draft tokens
     spec_decode_mean_acceptance_length: float = 0.0  # tokens gained per verification, bonus included
+    # per MoE layer, per expert: token -> expert assignments routed since start (top_k per token a layer);
+    # empty for a dense model. The Chat tab's expert-load chart takes differences of two snapshots.
+    expert_tokens_total: list[list[int]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -147,6 +150,7 @@ def engine_stats(engine: StatsSource) -> EngineStats:
         timestamp=time.time(),
         compute_threads=counters.compute_threads,
         block_owners=owners,
+        expert_tokens_total=engine.runner.model.expert_tokens_total(),
         **spec_decode_fields(engine.speculator),
     )
 

@@ -37,6 +37,8 @@ struct MoeLayer {  // fused_moe/native.py MoeLayerArgs mirrors it field by field
     int64_t experts, top_k, hidden, inter;
     int64_t routing, renormalize, activation;
     float alpha, limit;  // gpt-oss's SwiGLU
+    float scale;         // on the block's output (Granite-MoE's residual_multiplier where not folded into w2)
+    int64_t *counts;     // [E] or null: each call adds its token-expert assignments per expert (EngineStats)
 };
 
 namespace {
@@ -121,6 +123,8 @@ void route(const MoeLayer &l, const T *logits, int32_t *ids, float *weights) {
 void sort_pairs(const MoeLayer &l, const Pass &p, int64_t pairs, std::vector<Active> &active) {
     std::fill(p.offsets, p.offsets + l.experts + 1, 0);
     for (int64_t s = 0; s < pairs; s++) p.offsets[p.ids[s] + 1]++;
+    if (l.counts)
+        for (int64_t e = 0; e < l.experts; e++) l.counts[e] += p.offsets[e + 1];
     for (int64_t e = 0; e < l.experts; e++) p.offsets[e + 1] += p.offsets[e];
     std::vector<int64_t> cursor(p.offsets, p.offsets + l.experts);
     for (int64_t s = 0; s < pairs; s++) {
@@ -196,7 +200,7 @@ void combine(const MoeLayer &l, const Pass &p, int64_t t, const T *shared, const
         const float gate = shared_gate ? 1.0f / (1.0f + std::exp(-to_float(shared_gate[t]))) : 1.0f;
         for (int64_t h = 0; h < H; h++) acc[h] += gate * to_float(shared[t * H + h]);
     }
-    for (int64_t h = 0; h < H; h++) store(out[t * H + h], acc[h]);
+    for (int64_t h = 0; h < H; h++) store(out[t * H + h], l.scale == 1.0f ? acc[h] : acc[h] * l.scale);
 }
 
 template <typename T>

@@ -15,7 +15,7 @@ the captured decode step see a plain pre-norm decoder.
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -31,11 +31,15 @@ from backend.engine.layers.norm import RMSNorm
 from backend.engine.layers.rotary import RopeSpec, RopeTables, rope_tables
 from backend.engine.models.args import ModelArgs
 from backend.engine.models.checkpoint import CheckpointNames
-from backend.engine.quantization.quantized_linear import QuantizedEmbedding, QuantizedLinear
+from backend.engine.quantization.quantized_linear import Part, QuantizedEmbedding, QuantizedLinear
 
 
 class KernelUser(Protocol):
     use_kernel: bool  # computes on cpu_kernels (set by CausalLM.prepare_weights)
+
+
+class OutputScaler(Protocol):
+    def scale_output(self, factor: float) -> None: ...  # a GatedMLP's or a FusedMoE's
 
 
 class CausalLM(nn.Module):
@@ -116,6 +120,10 @@ class CausalLM(nn.Module):
         assert residual is not None
         return self.compute_logits(self.norm((x + residual)[logits_indices]))
 
+    def expert_tokens_total(self) -> list[list[int]]:
+        """Per MoE layer, per expert, the token -> expert assignments so far (EngineStats); [] when dense."""
+        return []
+
     def compute_logits(self, x: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
         if self.lm_head is None:
             assert isinstance(self.embed_tokens, nn.Embedding)  # a quantized one comes with its lm_head
@@ -127,6 +135,11 @@ class CausalLM(nn.Module):
         return CheckpointNames(
             dict(self.named_parameters()), self.packed_modules_mapping, self.lm_head is None
         )
+
+    def take_quantized(self, quantized: dict[str, Part]) -> dict[str, Part]:
+        """Keep the quantized weights this model installs itself (a MoE block's experts); the rest, which
+        quantization/install.py puts into the model's Linears, come back."""
+        return quantized
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy a transformers-named state dict in, fusing what packed_modules_mapping fuses."""
@@ -151,9 +164,9 @@ class CausalLM(nn.Module):
             self.norm.weight.data.mul_(logits)
         if a.residual_multiplier != 1.0:
             for layer in self.layers:
-                assert isinstance(layer, DecoderLayer) and isinstance(layer.mlp, GatedMLP)
+                assert isinstance(layer, DecoderLayer) and hasattr(layer.mlp, "scale_output")
                 layer.self_attn.scale_output(a.residual_multiplier)
-                layer.mlp.scale_output(a.residual_multiplier)
+                cast(OutputScaler, layer.mlp).scale_output(a.residual_multiplier)
 
     def weights_bytes(self) -> int:
         tensors: list[torch.Tensor] = [*self.parameters()]

@@ -39,6 +39,11 @@ MODELS: dict[str, ModelEntry] = {
     "Qwen2ForCausalLM": ModelEntry("llama", "LlamaForCausalLM", ("qwen2",)),  # alias of Llama
     "Qwen3ForCausalLM": ModelEntry("qwen3", "Qwen3ForCausalLM", ("qwen3",), ModelTraits(qk_norm=True)),
     "GraniteForCausalLM": ModelEntry("granite", "GraniteForCausalLM", ("granite",)),
+    "MixtralForCausalLM": ModelEntry("mixtral", "MixtralForCausalLM", ("mixtral",)),
+    "Qwen3MoeForCausalLM": ModelEntry(
+        "qwen3_moe", "Qwen3MoeForCausalLM", ("qwen3_moe",), ModelTraits(qk_norm=True)
+    ),
+    "GraniteMoeForCausalLM": ModelEntry("granitemoe", "GraniteMoeForCausalLM", ("granitemoe",)),
 }
 
 

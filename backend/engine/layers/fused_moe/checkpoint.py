@@ -65,6 +65,15 @@ RULES: tuple[tuple[str, Target, Shard], ...] = (  # a full match of the name -> 
     (r"shared_mlp\.output_linear\.weight", "shared_down", "all"),
 )
 _COMPILED = tuple((re.compile(pattern), target, shard) for pattern, target, shard in RULES)
+# a GGUF file's stacked experts, one tensor per projection (gguf/tensor_names.py): dense [E, n, k] or blocks
+_STACKED = re.compile(BLOCK + r"experts\.(gate|up|down)_proj")
+
+
+def stacked_projection(name: str) -> str | None:
+    """ "gate", "up" or "down" for a GGUF file's stacked experts of one projection (name within its decoder
+    layer), else None. transformers' in-memory `experts.down_proj` [E, H, I] has the same name and layout."""
+    match = _STACKED.fullmatch(name)
+    return match.group(1) if match else None
 
 
 def moe_weight(name: str) -> MoEWeight | None:

@@ -11,6 +11,7 @@ every routed expert on its rows and combines. Otherwise forward runs routing.py 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -44,6 +45,9 @@ class FusedMoE(nn.Module):
             str, torch.Tensor
         ] = {}  # checkpoint.py: MXFP4 blocks / scales until all came
         self.native: NativeMoE | None = None
+        self.output_scale = 1.0  # a factor on the output not folded into w2 (scale_output)
+        # token -> expert assignments per expert since the block was built (EngineStats.expert_tokens_total)
+        self.expert_counts = np.zeros(experts, dtype=np.int64)
         self.scratch = scratch if scratch is not None else Scratch()  # the native call's workspace
 
     def set_quantized_experts(
@@ -81,7 +85,12 @@ class FusedMoE(nn.Module):
         if projections[0] is None or projections[1] is None:
             return
         self.native = NativeMoE(
-            self.config, (projections[0], projections[1]), (self.w13_bias, self.w2_bias), dtype
+            self.config,
+            (projections[0], projections[1]),
+            (self.w13_bias, self.w2_bias),
+            dtype,
+            self.output_scale,
+            self.expert_counts,
         )
         for name in ("w13", "w2"):
             if self.quantized.pop(name, None) is not None:
@@ -106,10 +115,23 @@ class FusedMoE(nn.Module):
             workspace = self.scratch.get(self.native.workspace_bytes(x.shape[0]), torch.uint8, x.device)
             return self.native.forward(x, logits, shared, shared_gate, workspace)
         weights, ids = select_experts(logits, self.config)
+        self.expert_counts += np.bincount(ids.reshape(-1).cpu().numpy(), minlength=self.config.num_experts)
         out = fused_experts(x, weights, ids, self.config.num_experts, self.expert_forward)
         if shared is not None:
             out = out + (shared if shared_gate is None else torch.sigmoid(shared_gate) * shared)
-        return out
+        return out if self.output_scale == 1.0 else out * self.output_scale
+
+    def scale_output(self, factor: float) -> None:
+        """This block's output times factor (Granite-MoE's residual_multiplier): folded into the dense down
+        experts (and the shared expert's down_proj) before prepare_experts, else applied on the output."""
+        if "w2" in self.quantized or self.native is not None or self.w2_weight.numel() == 0:
+            self.output_scale *= factor
+            return
+        self.w2_weight.data.mul_(factor)
+        if self.w2_bias is not None:
+            self.w2_bias.data.mul_(factor)
+        if self.shared_expert is not None:
+            self.shared_expert.scale_output(factor)
 
     def expert_forward(self, expert: int, rows: torch.Tensor) -> torch.Tensor:
         """One expert on its rows [R, H] in PyTorch (transformers' per-expert computation)."""

@@ -16,6 +16,7 @@ import ctypes
 from dataclasses import dataclass
 from functools import cache
 
+import numpy as np
 import torch
 
 from backend.engine import cpu_kernels
@@ -49,6 +50,8 @@ class MoeLayerArgs(ctypes.Structure):  # csrc/moe.cpp MoeLayer, field by field
         ("activation", INT),
         ("alpha", ctypes.c_float),
         ("limit", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("counts", PTR),
     ]
 
 
@@ -112,8 +115,11 @@ class NativeMoE:
         projections: tuple[NativeExperts, NativeExperts],  # gate_up, down
         biases: tuple[torch.Tensor | None, torch.Tensor | None],  # [E, 2 I], [E, H] in dtype
         dtype: torch.dtype,
+        scale: float = 1.0,  # on the block's output (FusedMoE.output_scale)
+        counts: np.ndarray | None = None,  # int64 [E]: each call adds its assignments per expert
     ) -> None:
         self.gate_up, self.down = projections
+        self.counts = counts  # held: the args point into it
         self.biases, self.dtype = biases, dtype
         self.args = MoeLayerArgs(
             cpu_kernels.kernel_address(self.gate_up.function),
@@ -133,6 +139,8 @@ class NativeMoE:
             ACTIVATION[config.activation],
             config.swiglu_alpha,
             config.swiglu_limit,
+            scale,
+            None if counts is None else counts.ctypes.data,
         )
         self.suffix = cpu_kernels.SUFFIX[dtype]
 
