@@ -164,3 +164,29 @@ def test_the_captured_decode_step_covers_the_moe_layers(family):
     assert engines[False].stats().expert_tokens_total == engines[True].stats().expert_tokens_total
     for llm in engines.values():
         assert_engine_clean(llm)
+
+
+def test_qwen3_moe_dense_layers_by_mlp_only_layers_and_sparse_step(tmp_path):
+    """Layer 0 dense by mlp_only_layers, layer 2 by decoder_sparse_step 2 (only layer 1 and 3 are MoE)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3MoeConfig
+
+    from backend.engine.layers.mlp import GatedMLP
+    from tests.engine_utils import tokenizer_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
+        num_experts_per_tok=2, decoder_sparse_step=2, mlp_only_layers=[0], eos_token_id=2,
+        initializer_range=0.25,
+    )  # fmt: skip
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    llm = LLM(str(tmp_path), dtype="float32", device="cpu", max_num_batched_tokens=16)
+    layers = llm.llm_engine.runner.model.layers
+    assert [type(layer.mlp) for layer in layers] == [GatedMLP, FusedMoE, GatedMLP, FusedMoE]
+    requests = prompts(lengths=(5, 33), seed=9, vocab=len(tokenizer))
+    assert generate(llm, requests) == [hf_greedy(model, p, MAX_TOKENS) for p in requests]
+    assert len(llm.stats().expert_tokens_total) == 2

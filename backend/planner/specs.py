@@ -95,6 +95,8 @@ def _attention_params(c: dict, hidden: int, heads: int, kv_heads: int, head_dim:
             params += hidden  # o_proj bias (gpt-oss, ...)
     if c.get("model_type") in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"):
         params += 2 * head_dim  # q_norm, k_norm
+    if c.get("model_type") == "olmoe":
+        params += q + kv  # q_norm, k_norm over the whole projections
     if c.get("model_type") == "gpt_oss":
         params += heads  # attention sinks
     return params
@@ -122,7 +124,11 @@ def _moe_params(c: dict, hidden: int) -> tuple[int, int]:
 def _is_moe_layer(c: dict, i: int) -> bool:
     if not (c.get("num_local_experts") or c.get("n_routed_experts") or c.get("num_experts")):
         return False
-    return i >= c.get("first_k_dense_replace", 0) and i % c.get("moe_layer_freq", 1) == 0
+    if i in (c.get("mlp_only_layers") or []):  # Qwen2/3-MoE: dense layers by index
+        return False
+    step = c.get("decoder_sparse_step") or 1  # Qwen2/3-MoE: every step-th layer is sparse
+    sparse = i >= c.get("first_k_dense_replace", 0) and i % c.get("moe_layer_freq", 1) == 0
+    return sparse and (i + 1) % step == 0
 
 
 def _add_layer(
