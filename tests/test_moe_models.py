@@ -1,8 +1,9 @@
-"""The mixture-of-experts families (Mixtral, Qwen3-MoE, Granite-MoE) run end to end: greedy outputs of tiny
-random fp32 models token-identical to transformers with chunked prefill, prefix caching and preemption on,
-from the safetensors checkpoint and from llama.cpp's own F32 GGUF of it; the converter's Q8_0 and a Q4_0
-requantization keep their experts as stored blocks and give the tokens the same file gives decoded to
-dense weights. Expert-load statistics count top_k assignments per token and MoE layer."""
+"""The mixture-of-experts families (Mixtral, Qwen3-MoE, OLMoE, Granite-MoE) run end to end: greedy
+outputs of tiny random fp32 models token-identical to transformers with chunked prefill, prefix caching
+and preemption on, from the safetensors checkpoint and from llama.cpp's own F32 GGUF of it; the
+converter's Q8_0 and a Q4_0 requantization keep their experts as stored blocks and give the tokens the
+same file gives decoded to dense weights. The captured decode step covers the MoE layers (bf16, logits
+equal the modules' bit for bit). Expert-load statistics count top_k assignments per token and MoE layer."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from tests.gguf_family_utils import family_gguf, tiny_family_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-FAMILIES = ("mixtral", "qwen3moe", "granitemoe")
+FAMILIES = ("mixtral", "qwen3moe", "olmoe", "granitemoe")
 MAX_TOKENS = 20
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
 # block_size 4 and 30 blocks preempt (a 70-token prompt and its continuation take 23); a 16-token budget

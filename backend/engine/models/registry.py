@@ -44,6 +44,7 @@ MODELS: dict[str, ModelEntry] = {
         "qwen3_moe", "Qwen3MoeForCausalLM", ("qwen3_moe",), ModelTraits(qk_norm=True)
     ),
     "GraniteMoeForCausalLM": ModelEntry("granitemoe", "GraniteMoeForCausalLM", ("granitemoe",)),
+    "OlmoeForCausalLM": ModelEntry("olmoe", "OlmoeForCausalLM", ("olmoe",), ModelTraits(qk_norm=True)),
 }
 
 
