@@ -125,20 +125,26 @@ def test_expert_counts_are_a_prometheus_counter_per_layer_and_expert():
     assert sum(map(sum, counts)) == 2 * (4 + 3 - 1) * 2  # 2 layers, 6 tokens, top-2
 
 
-@pytest.mark.parametrize("family", ["mixtral", "granitemoe"])
-def test_the_captured_decode_step_covers_the_moe_layers(family):
-    """bf16 (the experts on csrc/moe.cpp): every step's logits of the captured decode step equal the
-    modules' bit for bit, while batches shrink and grow under preemption and prefix hits."""
+@pytest.mark.parametrize(
+    ("family", "source"),
+    [("mixtral", "safetensors"), ("granitemoe", "safetensors"), ("mixtral", "q8_0"), ("mixtral", "q4_0")],
+)
+def test_the_captured_decode_step_covers_the_moe_layers(family, source):
+    """bf16 (the experts on csrc/moe.cpp, dense or GGUF blocks; Granite's residual multiplier folded into
+    its dense down experts): every step's logits of the captured decode step equal the modules' bit for
+    bit, while batches shrink and grow under preemption."""
+    from backend.engine.device import cpu_has_fast_bf16
     from backend.engine.graph_ops import Signature
 
-    folder = tiny_family_model(family)
+    folder = tiny_family_model(family) if source == "safetensors" else str(family_gguf(family, source))
     engines = {
         eager: LLM(folder, dtype="bfloat16", device="cpu", enforce_eager=eager, **STRESS)
         for eager in (True, False)
     }
-    graph = engines[False].llm_engine.runner.decode_graph
-    if graph is None:
+    if not cpu_has_fast_bf16():
         pytest.skip("this CPU's kernels cannot capture the model (no AVX512_BF16 gemm_bf16)")
+    graph = engines[False].llm_engine.runner.decode_graph
+    assert graph is not None
     moe_calls = [op for op in graph.ops if op.signature == Signature.MOE]
     assert len(moe_calls) == hf_model(family).config.num_hidden_layers
     logits: dict[bool, list[torch.Tensor]] = {True: [], False: []}
