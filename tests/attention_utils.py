@@ -96,3 +96,63 @@ def reference_prefill(case: PrefillCase, dtype: torch.dtype = torch.float64) -> 
         )
         outs.append(o[0].transpose(0, 1))
     return torch.cat(outs)
+
+
+@dataclass(frozen=True)
+class Features:
+    """A layer's attention options as paged_attention takes them (the reference's too)."""
+
+    sliding_window: int | None = None
+    soft_cap: float | None = None
+    sinks: torch.Tensor | None = None  # [H] fp32
+
+    def kwargs(self) -> dict:
+        return {"sliding_window": self.sliding_window, "soft_cap": self.soft_cap, "sinks": self.sinks}
+
+
+def reference_attention(
+    query: torch.Tensor,  # [L, H, D]
+    keys: torch.Tensor,  # [KVH, S, D]: positions 0 .. S - 1
+    values: torch.Tensor,
+    positions: list[int],  # [L]: each query's position
+    scale: float,
+    features: Features,
+) -> torch.Tensor:
+    """[L, H, D] in fp64, written from transformers' definitions: the mask and_masks(causal, kv > q - W)
+    (masking_utils.sliding_window_overlay), Gemma 2's tanh(scores / cap) * cap on the scaled scores, and
+    gpt-oss's sinks concatenated to the scores before the softmax, then dropped."""
+    heads, kv_heads = query.shape[1], keys.shape[0]
+    q = query.double().transpose(0, 1)  # [H, L, D]
+    k = keys.double().repeat_interleave(heads // kv_heads, 0)
+    v = values.double().repeat_interleave(heads // kv_heads, 0)
+    scores = q @ k.transpose(1, 2) * scale  # [H, L, S]
+    if features.soft_cap is not None:
+        scores = torch.tanh(scores / features.soft_cap) * features.soft_cap
+    q_idx, kv_idx = torch.tensor(positions)[:, None], torch.arange(keys.shape[1])[None, :]
+    mask = kv_idx <= q_idx
+    if features.sliding_window is not None:
+        mask &= kv_idx > q_idx - features.sliding_window
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if features.sinks is not None:
+        sinks = features.sinks.double()[:, None, None].expand(heads, len(positions), 1)
+        probs = torch.cat((scores, sinks), dim=-1).softmax(-1)[..., :-1]
+    else:
+        probs = scores.softmax(-1)
+    return (probs @ v).transpose(0, 1)
+
+
+def with_poisoned_blocks(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor, first_keys: list[int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(k_cache, v_cache, tables) with one more block, all NaN, in place of each row's blocks wholly before
+    its first_keys[row] (the blocks a sliding window lets the engine free): a kernel that reads one of
+    them writes NaN."""
+    block_size = k_cache.shape[2]
+    caches = []
+    for cache in (k_cache, v_cache):
+        poison = torch.full_like(cache[:, :1], float("nan"), dtype=torch.float32).to(cache.dtype)
+        caches.append(torch.cat((cache, poison), dim=1))
+    tables = tables.clone()
+    for row, first in enumerate(first_keys):
+        tables[row, : first // block_size] = k_cache.shape[1]
+    return caches[0], caches[1], tables

@@ -14,6 +14,7 @@ import torch
 ARCHITECTURES = ("llama", "llama_mqa_tied", "llama3_rope", "mistral", "qwen2", "qwen3")
 # varied lengths around block boundaries (block_size 16 in most tests)
 PROMPT_LENGTHS = (1, 5, 16, 17, 33, 70)
+WINDOW = 20  # the windowed tiny models' sliding_window: not a multiple of block_size 16, below most prompts
 _ROOT = Path(tempfile.mkdtemp(prefix="engine-tests-"))
 atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
 
@@ -64,6 +65,12 @@ def _config(arch: str, vocab_size: int):
         )
     if arch == "mistral":
         return MistralConfig(**common | dict(sliding_window=None))
+    if arch == "mistral_window":  # every layer windowed: blocks before the window are freed
+        return MistralConfig(**common | dict(sliding_window=WINDOW))
+    if arch == "qwen2_hybrid":  # layer 0 full, layer 1 windowed (max_window_layers): every block kept
+        return Qwen2Config(
+            **common | dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
+        )
     if arch == "qwen2":
         return Qwen2Config(**common)
     if arch == "qwen3":

@@ -115,6 +115,15 @@ def test_tiny_model_with_fp8_kv_cache_preemption_and_prefix_hits():
     assert captured["graph_steps"]
 
 
+def test_windowed_model_with_freed_blocks_logits_equal_eager():
+    """Mistral with a window of 20 on every layer: the captured attention op carries the window, and the
+    blocks freed before it (NULL_BLOCK in the tables it copies) are never read."""
+    batch = prompts(lengths=(5, 40, 70), seed=8)
+    _, captured, llm = run_both(tiny_model("mistral_window")[0], batch, [greedy(30)] * 3, num_kv_blocks=20)
+    assert llm.stats().num_kv_blocks_freed_by_window_total > 0
+    assert captured["graph_steps"]
+
+
 def test_speculative_verify_steps_take_the_modules():
     ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
     ngram |= {"disable_by_batch_size": 1024}

@@ -172,6 +172,7 @@ class DecodeGraph:
                 self.attention_out,
                 attention.scale,
                 attention.kv_scales,
+                sliding_window=attention.sliding_window,
             ),
             *linear_ops(attention.o_proj, self.attention_out, self.out),
         ]

@@ -25,6 +25,8 @@ from backend.engine.sampler import Sampler
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence
+from backend.engine.sliding_window import describe as describe_windows
+from backend.engine.sliding_window import freeable_window
 from backend.engine.spec_decode.speculator import make_speculator
 from backend.engine.stats import EngineCounters, EngineStats, engine_stats
 from backend.engine.step_update import StepUpdate
@@ -61,7 +63,12 @@ class LLMEngine:
             model.rope_cos, model.rope_sin = cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
             self.runner = ModelRunner(model, num_blocks, config.block_size, config.kv_cache_dtype)
             self.capture_decode_steps(config)
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        windows = model.args.layer_windows or (None,) * model.args.num_layers
+        self.kv_cache_layout = describe_windows(windows, config.block_size)
+        log.info("KV cache: %d blocks of %d tokens; %s", num_blocks, config.block_size, self.kv_cache_layout)
+        self.block_manager = BlockManager(
+            num_blocks, config.block_size, config.enable_prefix_caching, freeable_window(windows)
+        )
         self.sampler = Sampler(config.seed, use_kernel=self.runner.decode_kernel)
         self.speculator = make_speculator(self, num_blocks)
         self.scheduler = Scheduler(

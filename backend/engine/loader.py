@@ -26,6 +26,7 @@ from backend.engine.quantization.gguf_reader import QuantizedWeight, read_gguf_t
 from backend.engine.quantization.gptq_awq import METHODS, PackedWeight, take_packed
 from backend.engine.quantization.install import install_quantized
 from backend.engine.quantization.quantized_linear import Part, dequantize_part
+from backend.engine.sliding_window import layer_windows
 from backend.errors import ModelNotFound
 from backend.model_names import served_model_name
 
@@ -184,6 +185,7 @@ def model_args(hf_config: Any, state: Mapping[str, object]) -> ModelArgs:
         qk_norm=prefix + "self_attn.q_norm.weight" in state,
         tie_word_embeddings="lm_head.weight" not in state
         or bool(getattr(hf_config, "tie_word_embeddings", False)),
+        layer_windows=layer_windows(hf_config),
     )
 
 

@@ -76,6 +76,7 @@ class Scheduler:
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             hits = self.block_manager.match_prefix(seq)
+            self.block_manager.free_skipped_blocks(seq)  # a long cached prefix: only its window stays
             num_new = min(seq.num_uncomputed_tokens, budget)
             needed = self.block_manager.blocks_needed(seq, num_new)
             if not self.block_manager.can_allocate(needed):
@@ -92,6 +93,7 @@ class Scheduler:
 
     def _reserve(self, seq: Sequence, num_new: int) -> bool:
         """Allocate the blocks seq needs; preempt the lowest-priority running sequence if short."""
+        self.block_manager.free_skipped_blocks(seq)  # first the blocks its window has left behind
         needed = self.block_manager.blocks_needed(seq, num_new)
         if self.block_manager.can_allocate(needed):
             self.block_manager.allocate(seq, needed)

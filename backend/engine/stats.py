@@ -7,6 +7,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from backend.engine.sliding_window import NULL_BLOCK
+
 if TYPE_CHECKING:
     import torch
 
@@ -48,6 +50,7 @@ class StatsSource(Protocol):
     runner: ModelRunner
     counters: EngineCounters
     speculator: Speculator | None
+    kv_cache_layout: str  # sliding_window.describe of the model's layers
 
 
 def _snapshot(items) -> list:
@@ -91,7 +94,9 @@ class EngineStats:
     max_num_batched_tokens: int
     timestamp: float  # time.time()
     compute_threads: int  # CPU threads a step runs on now (fewer while other processes take cores); 0: GPU
-    block_owners: dict[str, list[int]]  # request id -> its KV blocks
+    block_owners: dict[str, list[int]]  # request id -> its KV blocks (not those freed before a window)
+    kv_cache_layout: str  # what the pool keeps per layer: sliding windows, blocks freed before them
+    num_kv_blocks_freed_by_window_total: int  # blocks given back because they fell before every window
     # speculative decoding (vLLM's spec_decode counters); method None and zeros when it is off
     speculative_method: str | None = None
     num_speculative_tokens: int = 0
@@ -113,8 +118,9 @@ def engine_stats(engine: StatsSource) -> EngineStats:
     running, waiting = _snapshot(sched.running), _snapshot(sched.waiting)
     owners: dict[str, list[int]] = {}
     for seq in running + waiting:
-        if seq.block_table:
-            owners.setdefault(seq.request_id, []).extend(_snapshot(seq.block_table))
+        held = [block for block in _snapshot(seq.block_table) if block != NULL_BLOCK]
+        if held:
+            owners.setdefault(seq.request_id, []).extend(held)
     used = bm.num_used_blocks
     running_ids = {seq.request_id for seq in running}
     return EngineStats(
@@ -147,6 +153,8 @@ def engine_stats(engine: StatsSource) -> EngineStats:
         timestamp=time.time(),
         compute_threads=counters.compute_threads,
         block_owners=owners,
+        kv_cache_layout=engine.kv_cache_layout,
+        num_kv_blocks_freed_by_window_total=bm.num_skipped_blocks,
         **spec_decode_fields(engine.speculator),
     )
 

@@ -39,6 +39,7 @@ class ModelArgs:
     mlp_bias: bool = False
     qk_norm: bool = False
     tie_word_embeddings: bool = False
+    layer_windows: tuple[int | None, ...] = ()  # each layer's sliding window (sliding_window.layer_windows)
 
 
 class Linear(nn.Linear):
@@ -166,6 +167,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 class Attention(nn.Module):
     use_kernel = False  # RoPE and the cache write in one cpu_kernels call (not with q/k norm)
+    sliding_window: int | None = None  # this layer's (set by LlamaForCausalLM from args.layer_windows)
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -205,7 +207,9 @@ class Attention(nn.Module):
             q, k = apply_rope(qk, rope.cos, rope.sin).split([self.num_heads, self.num_kv_heads], dim=1)
             v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
             write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping, self.kv_scales)
-        o = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.kv_scales)
+        o = paged_attention(
+            q, k, v, k_cache, v_cache, meta, self.scale, self.kv_scales, sliding_window=self.sliding_window
+        )
         return self.o_proj(o.view(t, self.q_size))
 
 
@@ -257,6 +261,9 @@ class LlamaForCausalLM(nn.Module):
         self.args = args
         self.embed_tokens: nn.Embedding | QuantizedEmbedding = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        for layer, window in zip(self.layers, args.layer_windows, strict=False):
+            assert isinstance(layer, DecoderLayer)
+            layer.self_attn.sliding_window = window
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.lm_head: Linear | QuantizedLinear | None = (
             None if args.tie_word_embeddings else Linear(args.hidden_size, args.vocab_size, False)
