@@ -1,5 +1,6 @@
-"""Helpers for the prefill-attention kernel tests (no tests here): a step's prefill chunks over a random,
-shuffled KV pool, and the fp64 reference they are checked against."""
+"""Helpers for the attention kernel tests (no tests here): a step's prefill chunks and decode rows over a
+random, shuffled KV pool, and the fp64 references they are checked against (plain causal SDPA, and
+transformers' definitions of sliding windows, soft-caps and sinks)."""
 
 from __future__ import annotations
 
@@ -156,3 +157,48 @@ def with_poisoned_blocks(
     for row, first in enumerate(first_keys):
         tables[row, : first // block_size] = k_cache.shape[1]
     return caches[0], caches[1], tables
+
+
+def decode_inputs(dtype, shape, seed=0, kv_dtype=None):
+    """(q, k_cache, v_cache, tables, lens, kv_scales): contexts around block and tile boundaries, each
+    sequence's blocks shuffled through the pool."""
+    heads, kv_heads, head_dim = shape
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks, block_size = 60, 16
+    lens = torch.tensor([1, 7, 15, 16, 17, 33, 100, 150])
+    max_blocks = -(-int(lens.max()) // block_size)
+    pool = (kv_heads, num_blocks, block_size, head_dim)
+    kv_scales = (1.0, 1.0) if kv_dtype is None else (0.5, 2.0)
+    caches = [(torch.randn(pool, generator=gen) / scale).to(kv_dtype or dtype) for scale in kv_scales]
+    tables = torch.stack([torch.randperm(num_blocks, generator=gen)[:max_blocks] for _ in lens])
+    q = torch.randn(len(lens), heads, head_dim, generator=gen).to(dtype)
+    return q, caches[0], caches[1], tables, lens, kv_scales
+
+
+def reference_decode(q, k_cache, v_cache, tables, lens, kv_scales, features) -> torch.Tensor:
+    kv_heads, _, block_size, head_dim = k_cache.shape
+    outs = []
+    for t, n in enumerate(lens.tolist()):
+        blocks = tables[t, : -(-n // block_size)]
+        keys = k_cache[:, blocks].double().reshape(kv_heads, -1, head_dim)[:, :n] * kv_scales[0]
+        values = v_cache[:, blocks].double().reshape(kv_heads, -1, head_dim)[:, :n] * kv_scales[1]
+        outs.append(reference_attention(q[t : t + 1], keys, values, [n - 1], head_dim**-0.5, features)[0])
+    return torch.stack(outs)
+
+
+def reference_prefill_features(case, features: Features) -> torch.Tensor:
+    """Each chunk's rows: its queries at the last positions of its sequence against all its keys."""
+    kv_heads, _, block_size, head_dim = case.k_cache.shape
+    starts, outs = case.inputs.query_start_loc.tolist(), []
+    for i, length in enumerate(case.inputs.seq_lens.tolist()):
+        n = starts[i + 1] - starts[i]
+        blocks = case.inputs.block_tables[i, : -(-length // block_size)]
+        keys, values = (
+            cache[:, blocks].double().reshape(kv_heads, -1, head_dim)[:, :length] * scale
+            for cache, scale in zip((case.k_cache, case.v_cache), case.kv_scales, strict=True)
+        )
+        query = case.q[starts[i] : starts[i + 1]]
+        outs.append(
+            reference_attention(query, keys, values, list(range(length - n, length)), case.scale, features)
+        )
+    return torch.cat(outs)

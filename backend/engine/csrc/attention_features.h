@@ -22,8 +22,9 @@ struct Features {
 // The first key position a query at position p sees
 inline int64_t window_start(int64_t p, int64_t window) { return window > 0 ? std::max<int64_t>(0, p - window + 1) : 0; }
 
-// scores[i] = cap * tanh(scores[i] / cap) for i < n
-inline void apply_soft_cap(float *scores, int64_t n, float cap) {
+// scores[i] = cap * tanh(scores[i] / cap) for i < n (out of line: the kernels' hot code stays as compact as
+// without caps)
+__attribute__((noinline)) inline void apply_soft_cap(float *scores, int64_t n, float cap) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) scores[i] = cap * fast_tanh(scores[i] / cap);
 }

@@ -148,7 +148,7 @@ inline int64_t first_key(const Problem &pb, int64_t seq) {
 }
 
 // One row block's scores [block, width] (row stride KEY_TILE) scaled and soft-capped in place
-inline void soft_cap_rows(float *scores, int64_t block, int64_t width, float scale, float cap) {
+__attribute__((noinline)) void soft_cap_rows(float *scores, int64_t block, int64_t width, float scale, float cap) {
     for (int64_t r = 0; r < block; r++) {
         float *row = scores + r * KEY_TILE;
 #pragma omp simd
