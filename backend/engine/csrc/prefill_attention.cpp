@@ -100,7 +100,7 @@ inline void to_operand(const float *p, PT *probs, float *sum) {
 // with selects, not branches, and int indices (64-bit compares would halve the vector width): they vectorize.
 // LOWER: whether lower may be above 0 (a sliding window's edge tile); without, lower is not read.
 template <bool LOWER, typename PT>
-void softmax_row(float *scores, int lower, int limit, int width, float scale, float &top, float *sum, PT *probs,
+inline void softmax_row(float *scores, int lower, int limit, int width, float scale, float &top, float *sum, PT *probs,
                  float *acc, int64_t Dp) {
     float tops[LANES];
     std::fill(tops, tops + LANES, -INFINITY);
@@ -140,6 +140,17 @@ struct Problem {
     Shape shape;
     Features features;
 };
+
+// softmax_row of an edge tile's rows, out of line: the hot code of attention without a window stays as it was
+template <typename PT>
+__attribute__((noinline)) void softmax_rows_from(int64_t m0, int64_t block, float *scores, const int64_t *lower,
+                                                 const int64_t *limit, int width, float scale, float *top, float *sum,
+                                                 PT *probs, float *acc, int64_t Dp) {
+    for (int64_t r = m0; r < m0 + block; r++) {
+        softmax_row<true>(scores + r * KEY_TILE, int(lower[r]), int(limit[r]), width, scale, top[r], sum + r * LANES,
+                          probs + r * KEY_TILE, acc + r * Dp, Dp);
+    }
+}
 
 // The first key any query of chunk seq sees (0 without a window): the chunk's keys are packed from its tile
 inline int64_t first_key(const Problem &pb, int64_t seq) {
@@ -192,26 +203,24 @@ void attend_item(const T *q, T *out, const Problem &pb, const Item &item, const 
         // rows after end see no key of it either (their windows begin past it)
         const int64_t end = window > 0 ? std::min(rows, std::max<int64_t>(0, p0 + KEY_TILE + window - 1 - first_pos) * G)
                                        : rows;
-        for (int64_t r = begin; r < end; r++) {
-            s.limit[r] = std::min(KEY_TILE, first_pos + r / G - p0 + 1);
-            s.lower[r] = std::max<int64_t>(0, window_start(first_pos + r / G, window) - p0);
+        for (int64_t r = begin; r < end; r++) s.limit[r] = std::min(KEY_TILE, first_pos + r / G - p0 + 1);
+        if (window > 0) {
+            for (int64_t r = begin; r < end; r++) {
+                s.lower[r] = std::max<int64_t>(0, window_start(first_pos + r / G, window) - p0);
+            }
         }
         for (int64_t m0 = begin; m0 < end; m0 += MAX_R) {
             const int64_t block = std::min<int64_t>(MAX_R, end - m0), widest = s.limit[m0 + block - 1];
             const int64_t width = round_up(widest, COLUMN_UNIT);  // the key columns this block computes
             product(&s.query[m0 * Dp], Dp, k, KEY_TILE, &s.scores[m0 * KEY_TILE], KEY_TILE, block, width, Dp, false);
             if (cap > 0.0f) soft_cap_rows(&s.scores[m0 * KEY_TILE], block, width, pb.scale, cap);
-            const bool edge = s.lower[m0 + block - 1] > 0;  // some row's window begins inside the tile
-            for (int64_t r = m0; r < m0 + block; r++) {
-                auto step = [&](auto lower) {
-                    softmax_row<decltype(lower)::value>(&s.scores[r * KEY_TILE], int(s.lower[r]), int(s.limit[r]),
-                                                        int(width), scale, s.top[r], &s.sum[r * LANES],
-                                                        &s.probs[r * KEY_TILE], &s.acc[r * Dp], Dp);
-                };
-                if (edge) {
-                    step(std::true_type{});
-                } else {
-                    step(std::false_type{});
+            if (window > 0 && s.lower[m0 + block - 1] > 0) {  // some row's window begins inside the tile
+                softmax_rows_from(m0, block, s.scores.data(), s.lower.data(), s.limit.data(), int(width), scale,
+                                  s.top.data(), s.sum.data(), s.probs.data(), s.acc.data(), Dp);
+            } else {
+                for (int64_t r = m0; r < m0 + block; r++) {
+                    softmax_row<false>(&s.scores[r * KEY_TILE], 0, int(s.limit[r]), int(width), scale, s.top[r],
+                                       &s.sum[r * LANES], &s.probs[r * KEY_TILE], &s.acc[r * Dp], Dp);
                 }
             }
             product(&s.probs[m0 * KEY_TILE], KEY_TILE, v, Dp, &s.acc[m0 * Dp], Dp, block, Dp, round_up(widest, 2),
