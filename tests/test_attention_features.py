@@ -230,3 +230,20 @@ def rows_from_pool(case) -> tuple[torch.Tensor, torch.Tensor]:
                 cache[:, blocks].reshape(kv_heads, -1, head_dim)[:, length - n : length].transpose(0, 1)
             )
     return k, v
+
+
+@pytest.mark.parametrize(
+    ("features", "message"),
+    [
+        (Features(sliding_window=0), "sliding_window must be a whole number of tokens >= 1"),
+        (Features(soft_cap=0.0), "soft_cap must be > 0"),
+        (Features(sinks=torch.zeros(4)), r"sinks must hold one logit per query head \(9\)"),
+    ],
+)
+def test_bad_features_are_refused_with_what_is_allowed(features, message):
+    case = prefill_case(torch.float32, (9, 3, 64), 16, chunks=((5, 0),))
+    k, v = rows_from_pool(case)
+    with pytest.raises(ValueError, match=message):
+        paged_attention(
+            case.q, k, v, case.k_cache, case.v_cache, torch_metadata(case), case.scale, **features.kwargs()
+        )

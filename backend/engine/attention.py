@@ -89,7 +89,7 @@ def paged_attention(
     layer's window, soft-cap and sinks. Keep sinks as a [H] fp32 tensor (another dtype is converted per
     call)."""
     check_features(sliding_window, soft_cap, sinks, q.shape[1])
-    if sinks is not None and sinks.dtype != torch.float32:
+    if sinks is not None and (sinks.dtype != torch.float32 or not sinks.is_contiguous()):
         sinks = sinks.float().contiguous()
     out = q.new_empty(q.shape)  # contiguous, also when q is a view into a fused q/k tensor
     b = meta.num_decodes
