@@ -14,11 +14,13 @@ import pytest
 import torch
 
 from backend.default_model import packaged_gguf
-from backend.engine import LLM, SamplingParams, cpu_kernels, graph_ops
+from backend.engine import LLM, SamplingParams, cpu_kernels, graph_ops, loader
 from backend.engine.decode_graph import DecodeGraph
+from backend.engine.decode_graph_support import unsupported_layer
 from backend.engine.device import cpu_has_fast_bf16
 from backend.planner.cpu_host import CPUHost
-from tests.engine_utils import assert_engine_clean, planned_graph_bytes, prompts, tiny_model
+from tests.engine_utils import WINDOW, assert_engine_clean, planned_graph_bytes, prompts, tiny_model
+from tests.features_model_utils import SOFT_CAP, FeaturesForCausalLM, features_model
 from tests.gguf_utils import VOCAB, Q, write_tiny_gguf
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -87,9 +89,10 @@ def joining_batch(vocab: int = 49152) -> tuple[list[list[int]], list[SamplingPar
     return batch, [greedy(n) for n in (12, 30, 7, 20, 9, 25)]
 
 
-def test_tiny_bf16_model_logits_equal_eager_as_batches_change():
+@pytest.mark.parametrize("arch", ["llama", "granite"])  # Granite: its multipliers folded into weights
+def test_tiny_bf16_model_logits_equal_eager_as_batches_change(arch):
     batch, params = joining_batch()
-    eager, captured, _ = run_both(tiny_model("llama")[0], batch, params, max_num_seqs=3)
+    eager, captured, _ = run_both(tiny_model(arch)[0], batch, params, max_num_seqs=3)
     sizes = set(captured["graph_steps"])
     assert {1, 2, 3} <= sizes, f"graph batch sizes {sorted(sizes)}"
     assert len(captured["graph_steps"]) < len(captured["logits"])  # prefill steps took the modules
@@ -121,6 +124,23 @@ def test_windowed_model_with_freed_blocks_logits_equal_eager():
     batch = prompts(lengths=(5, 40, 70), seed=8)
     _, captured, llm = run_both(tiny_model("mistral_window")[0], batch, [greedy(30)] * 3, num_kv_blocks=20)
     assert llm.stats().num_kv_blocks_freed_by_window_total > 0
+    assert captured["graph_steps"]
+
+
+def test_every_attention_feature_is_captured_and_logits_equal_eager(monkeypatch):
+    """Partial rotary, a soft-cap and sinks on layer 0, no RoPE and a window of 20 on layer 1, GELU(tanh)
+    MLPs (tests/features_model_utils.py): every layer is captured (rope_and_cache with the layer's
+    rotary_dim, the attention op with its options, gelu_tanh_and_mul) and the logits are the modules'."""
+    monkeypatch.setattr(loader, "model_class", lambda architecture: FeaturesForCausalLM)
+    folder = features_model()
+    model = LLM(folder, dtype="bfloat16", device="cpu", enforce_eager=True).llm_engine.runner.model
+    assert [unsupported_layer(layer) for layer in model.layers] == [None, None]
+    first, second = model.attention_specs
+    assert (first.rotary_dim, first.logits_soft_cap, first.has_sinks) == (8, SOFT_CAP, True)
+    assert (second.rotary_dim, second.sliding_window) == (0, WINDOW)
+    assert torch.equal(model.layers[0].self_attn.kernel_sinks, torch.linspace(-1.0, 2.0, 4))
+    batch = prompts(lengths=(5, 40, 70), seed=9)
+    _, captured, _ = run_both(folder, batch, [greedy(30)] * 3, max_num_seqs=3)
     assert captured["graph_steps"]
 
 

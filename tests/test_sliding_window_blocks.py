@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from backend.engine.sliding_window import (
     kv_cache_bytes,
     layer_windows,
 )
+from backend.planner import PlanRequest, estimate
 from tests.engine_utils import WINDOW, assert_engine_clean, hf_greedy, prompts, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -229,6 +231,29 @@ def test_hybrid_model_keeps_every_block_and_matches_transformers():
     assert stats.num_kv_blocks_freed_by_window_total == 0
     assert stats.kv_cache_layout.endswith("every block is kept for the 1 full-attention layer")
     assert_engine_clean(llm)
+
+
+@pytest.mark.parametrize(
+    ("arch", "blocks_per_sequence"),
+    [("mistral_window", 3 + 1 + 1), ("qwen2_hybrid", 512 // 16), ("mistral", 512 // 16)],
+)
+def test_the_planner_sizes_the_embedded_pool_as_the_engine_does(arch, blocks_per_sequence):
+    """max_num_seqs sequences of max_model_len 512: all-windowed (20 tokens), the window's 3 blocks, one
+    16-token chunk's and one for a window starting mid-block each; a hybrid or full model, all 32 blocks.
+    The planner's embedded estimate gives the engine's pool bytes, max_model_len and longest sequence."""
+    folder = tiny_model(arch)[0]
+    sizes = dict(max_num_seqs=3, max_num_batched_tokens=16)
+    stats = LLM(folder, dtype="float32", device="cpu", **sizes).stats()
+    block_bytes = 2 * 2 * 16 * 2 * 16 * 4  # K and V, 2 layers, 16 tokens, 2 KV heads of 16, fp32
+    assert stats.kv_pool_bytes == 3 * blocks_per_sequence * block_bytes
+    request = PlanRequest(
+        model=folder, gpu="cpu", engine="embedded", quant="fp32", gpu_memory_utilization=1.0, **sizes
+    )
+    est = estimate(replace(request, input_len=150, output_len=50))
+    assert est.kv_cache_bytes == stats.kv_pool_bytes
+    assert est.max_model_len == est.max_model_len_single == stats.max_model_len == 512
+    held = 2 if arch == "mistral_window" else 13  # a 200-token sequence's blocks: the window's, or all
+    assert est.max_concurrency == 3 and est.kv_bytes_per_sequence == held * block_bytes
 
 
 def test_window_matters_for_the_reference():

@@ -14,7 +14,7 @@ import torch
 
 from backend.engine import cpu_kernels
 from backend.engine.device import cpu_has_fast_bf16
-from backend.engine.models.llama import Linear
+from backend.engine.layers.linear import Linear
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.interleaved import Interleaved
 from backend.engine.quantization.quantized_linear import QuantizedEmbedding, QuantizedLinear
@@ -183,6 +183,10 @@ def gelu_tanh_and_mul_op(gate_up: torch.Tensor, out: torch.Tensor) -> Op:
     """out [S, I] = gelu(gate, approximate="tanh") * up of gate_up [S, 2 I] (cpu_kernels.gelu_tanh_and_mul)"""
     ints = [gate_up.data_ptr(), out.data_ptr(), 0, out.shape[1]]
     return op(cpu_kernels.kernel_name("gelu_tanh_and_mul", out.dtype), Signature.SILU_AND_MUL, 2, ints)
+
+
+# GatedMLP.hidden_act -> the captured call of its activation (as layers/mlp.py's KERNELS)
+ACTIVATION_OPS = {"silu": silu_and_mul_op, "gelu_pytorch_tanh": gelu_tanh_and_mul_op}
 
 
 def rope_and_cache_op(

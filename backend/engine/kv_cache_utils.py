@@ -12,19 +12,18 @@ from typing import Any
 
 import torch
 
-from backend.engine import cpu_kernels
+from backend.engine import cpu_kernels, sliding_window
 from backend.engine.config import EngineConfig
-from backend.engine.decode_graph import graph_shape, unsupported_reason
 from backend.engine.decode_graph_memory import DecodeGraphShape, decode_graph_bytes
+from backend.engine.decode_graph_support import graph_shape, unsupported_reason
 from backend.engine.device import kv_cache_budget_bytes
 from backend.engine.model_runner import ModelRunner
-from backend.engine.models.llama import LlamaForCausalLM
-from backend.engine.sliding_window import blocks_read, freeable_window
+from backend.engine.models.base import CausalLM
 
 
-def decode_graph_shape(model: LlamaForCausalLM, config: EngineConfig) -> DecodeGraphShape | None:
+def decode_graph_shape(model: CausalLM, config: EngineConfig) -> DecodeGraphShape | None:
     """The widths of the decode graph the engine will capture (None: enforce_eager, or a model that
-    cannot be captured: decode_graph.unsupported_reason)."""
+    cannot be captured: decode_graph_support.unsupported_reason)."""
     weight = model.norm.weight
     if config.enforce_eager or unsupported_reason(model, cpu_kernels.supports(weight.device, weight.dtype)):
         return None
@@ -32,7 +31,7 @@ def decode_graph_shape(model: LlamaForCausalLM, config: EngineConfig) -> DecodeG
 
 
 def size_kv_pool(
-    config: EngineConfig, hf_config: Any, model: LlamaForCausalLM, device: torch.device
+    config: EngineConfig, hf_config: Any, model: CausalLM, device: torch.device
 ) -> tuple[int, int]:
     """(number of KV blocks, max_model_len): the pool always holds at least one max-length sequence."""
     bs = config.block_size
@@ -65,12 +64,8 @@ def size_kv_pool(
     return num_blocks, max_len
 
 
-def blocks_per_sequence(model: LlamaForCausalLM, config: EngineConfig, max_len: int) -> int:
-    """The most blocks one sequence of up to max_len tokens holds at a time: all of them, or where every
-    layer is windowed, its window's and one step's chunk's (and one more, for a window that starts
-    mid-block), the blocks before them freed."""
-    bs, window = config.block_size, freeable_window(model.args.layer_windows)
-    full = -(-max_len // bs)
-    if window is None:
-        return full
-    return min(full, blocks_read(window, bs) + -(-config.max_num_batched_tokens // bs) + 1)
+def blocks_per_sequence(model: CausalLM, config: EngineConfig, max_len: int) -> int:
+    """sliding_window.blocks_per_sequence for the windows the model's layers declare."""
+    return sliding_window.blocks_per_sequence(
+        model.sliding_windows, config.block_size, max_len, config.max_num_batched_tokens
+    )

@@ -17,7 +17,7 @@ from backend.engine.exceptions import describe
 from backend.engine.fault_injection import check_fault, fault_injector_from_env
 from backend.engine.kv_cache_utils import size_kv_pool
 from backend.engine.load_phases import LoadPhases
-from backend.engine.loader import load_model, rope_tables
+from backend.engine.loader import load_model
 from backend.engine.model_runner import ModelRunner
 from backend.engine.outputs import RequestMetrics, RequestOutput
 from backend.engine.request import Request
@@ -59,11 +59,10 @@ class LLMEngine:
         self.weights_bytes = model.weights_bytes()
         with phases.phase("allocate KV cache"):
             num_blocks, self.max_model_len = size_kv_pool(config, self.hf_config, model, self.device)
-            cos, sin = rope_tables(self.hf_config, model.args.head_dim, self.max_model_len)
-            model.rope_cos, model.rope_sin = cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
+            model.init_rope(self.max_model_len)
             self.runner = ModelRunner(model, num_blocks, config.block_size, config.kv_cache_dtype)
             self.capture_decode_steps(config)
-        windows = model.args.layer_windows or (None,) * model.args.num_layers
+        windows = model.sliding_windows
         self.kv_cache_layout = describe_windows(windows, config.block_size)
         log.info("KV cache: %d blocks of %d tokens; %s", num_blocks, config.block_size, self.kv_cache_layout)
         self.block_manager = BlockManager(

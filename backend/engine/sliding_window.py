@@ -64,6 +64,18 @@ def blocks_read(window: int, block_size: int) -> int:
     return -(-(window - 1) // block_size) + 1
 
 
+def blocks_per_sequence(
+    windows: tuple[int | None, ...], block_size: int, max_len: int, max_num_batched_tokens: int
+) -> int:
+    """The most blocks one sequence of up to max_len tokens holds at a time in this engine: all of them,
+    or where every layer is windowed, its window's and one step's chunk's (and one more, for a window that
+    starts mid-block), the blocks before them freed (the KV pool's sizing, here and in the planner)."""
+    full, window = -(-max_len // block_size), freeable_window(windows)
+    if window is None:
+        return full
+    return min(full, blocks_read(window, block_size) + -(-max_num_batched_tokens // block_size) + 1)
+
+
 def first_needed_block(num_computed_tokens: int, window: int, block_size: int) -> int:
     """The first block the next token (at position num_computed_tokens) reads: the ones before are skipped."""
     return max(0, num_computed_tokens - window + 1) // block_size

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from backend.engine.sliding_window import layer_windows
+from backend.model_limits import check_config
+
 # What each group of weights is, so that a quantization can keep some of them 16-bit. "mtp" is DeepSeek's
 # multi-token-prediction layer, which vLLM loads only for MTP speculative decoding.
 PARAM_KINDS = ("embedding", "attention", "mlp", "experts", "other", "vision", "mtp")
@@ -61,17 +64,13 @@ def _text_config(config: dict) -> dict:
 
 
 def _layer_types(c: dict, layers: int) -> list[str]:
+    """Each layer's attention as the embedded engine reads it (backend/engine/sliding_window.layer_windows:
+    layer_types, else sliding_window_pattern or the model type's default, Qwen2's max_window_layers, else
+    sliding_window on every layer), layer_types cut to the layers that hold KV."""
     if c.get("layer_types"):
         return [t if t == "sliding_attention" else "full_attention" for t in c["layer_types"]][:layers]
-    window = c.get("sliding_window")
-    if not window or c.get("use_sliding_window") is False:
-        return ["full_attention"] * layers
-    if c.get("model_type") == "gemma2":  # even layers slide, odd layers attend fully
-        return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
-    pattern = c.get("sliding_window_pattern")
-    if pattern:  # Gemma 3: every pattern-th layer is global
-        return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
-    return ["sliding_attention"] * layers  # Mistral-v0.1 / Phi-3 style: every layer slides
+    windows = layer_windows({**c, "num_hidden_layers": layers})
+    return ["full_attention" if window is None else "sliding_attention" for window in windows]
 
 
 def _attention_params(c: dict, hidden: int, heads: int, kv_heads: int, head_dim: int) -> int:
@@ -183,6 +182,7 @@ def spec_from_config(
     checkpoint_dtype: str | None = None,
 ) -> ModelSpec:
     """Build a ModelSpec; params/weights_bytes from a tensor table override the formula when given."""
+    check_config(config)  # a stranger's config: every count in range before anything is computed from it
     c = _text_config(config)
     kinds = params or count_params(config)
     total = sum(kinds.values())

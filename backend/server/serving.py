@@ -10,25 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from backend.engine.exceptions import EngineDeadError, EngineGenerateError, EngineOverloadedError
 from backend.server.engine_provider import EngineProvider
 from backend.server.errors import OpenAIError, error_body
+from backend.server.fairness import ClientLine, WaitingTicket, client_id
+from backend.server.limits import InputLimits, check_tools, engine_input_limits
 from backend.server.metrics import ServerMetrics
 from backend.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     message_dicts,
+    message_texts,
     refuse_unsupported,
     sampling_params,
     single_prompt,
 )
+from backend.server.request_body import body_schema, json_body
 from backend.server.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
 from backend.server.structured import structured_outputs_params
 from backend.server.tools import (
@@ -52,6 +57,27 @@ class ServingContext:
     max_tokens_limit: int | None = None  # a public app's cap on one request's output tokens
     tool_call_parser: str | None = None  # vLLM's --tool-call-parser: how "auto" tool calls are read
     enable_auto_tool_choice: bool = False
+    max_input_tokens: int | None = None  # a public app's cap on one request's input tokens
+    clients: ClientLine | None = None  # each client's share of the waiting queue (fairness.py)
+    forwarded_hops: int = 0  # trusted proxies in front, whose X-Forwarded-For names the client
+
+    async def input_limits(self, engine: AsyncLLM) -> InputLimits:
+        return await engine_input_limits(engine, self.max_input_tokens)
+
+    @contextmanager
+    def waiting(self, request: Request) -> Iterator[WaitingTicket | None]:
+        """The request's place in its client's share until it starts (admit() hands it to the Job);
+        given back here if the request is refused on the way."""
+        ticket = None
+        if self.clients is not None:
+            peer = request.client.host if request.client else None
+            ticket = self.clients.enter(client_id(peer, request.headers, self.forwarded_hops))
+        try:
+            yield ticket
+        except BaseException:
+            if ticket is not None:
+                ticket.leave()
+            raise
 
     def limit_max_tokens(self, requested: int | None, params):
         """Within max_tokens_limit: a larger explicit max_tokens is a 400; an unset one is capped."""
@@ -96,7 +122,15 @@ class ServingContext:
             )
         return engine
 
-    def admit(self, engine, prompt_ids: list[int], params, formatter: ResponseFormatter, include_usage):
+    def admit(
+        self,
+        engine,
+        prompt_ids: list[int],
+        params,
+        formatter: ResponseFormatter,
+        include_usage,
+        ticket: WaitingTicket | None = None,
+    ):
         """Hand the request to the engine now, so that a refusal is an HTTP error before any stream."""
         try:
             collector = engine.add_request(
@@ -108,25 +142,33 @@ class ServingContext:
             raise OpenAIError(503, str(exc), "queue_full", headers={"Retry-After": "1"}) from None
         except EngineDeadError as exc:
             raise OpenAIError(503, str(exc), "engine_dead", headers={"Retry-After": "5"}) from None
-        return Job(self, engine, collector, formatter, include_usage)
+        return Job(self, engine, collector, formatter, include_usage, ticket)
 
 
 class Job:
     """One admitted request on the engine, with its metrics; aborted if not finished when dropped."""
 
-    def __init__(self, ctx: ServingContext, engine, collector, formatter, include_usage: bool):
+    def __init__(self, ctx: ServingContext, engine, collector, formatter, include_usage: bool, ticket=None):
         self.engine = engine
         self.collector = collector
         self.formatter: ResponseFormatter = formatter
         self.include_usage = include_usage
         self.request_id = formatter.id
         self.recorder = ctx.metrics.recorder(formatter.model)
+        self.ticket: WaitingTicket | None = ticket
+        if ticket is not None:  # a stream that never starts gives its place back when it is dropped
+            ticket.hold_until_collected(self)
+
+    def started(self) -> None:
+        if self.ticket is not None:
+            self.ticket.leave()
 
     async def outputs(self) -> AsyncIterator:
         last, reason = None, "abort"
         stream = self.engine.outputs(self.request_id, self.collector)
         try:
             async for out in stream:
+                self.started()  # its first output: no longer waiting
                 self.recorder.on_output(out)
                 last = out
                 yield out
@@ -136,6 +178,7 @@ class Job:
             reason = "error"
             raise
         finally:
+            self.started()
             await stream.aclose()  # closing the engine's stream early aborts the request, freeing its blocks
             self.recorder.on_finish(last, reason)
 
@@ -242,27 +285,37 @@ def openai_router(ctx: ServingContext) -> APIRouter:
         }
         return {"object": "list", "data": [model]}
 
-    @router.post("/v1/completions")
-    async def create_completion(req: CompletionRequest, request: Request) -> Response:
+    @router.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
+    async def create_completion(
+        req: Annotated[CompletionRequest, Depends(json_body(CompletionRequest))], request: Request
+    ) -> Response:
         engine = ctx.engine(req.model)
         refuse_unsupported(req)
         prompt = single_prompt(req.prompt)
-        if isinstance(prompt, list):
-            ids = list(prompt)
-        else:  # a long prompt takes a while: tokenize off the event loop
-            ids = await engine.run_in_tokenizer(encode, engine.tokenizer, prompt)
-        structured = structured_outputs_params(req.response_format, req.structured_outputs)
-        params = sampling_params(req, len(ids), engine.max_model_len, req.logprobs, structured)
-        params = ctx.limit_max_tokens(req.max_tokens, params)
-        param = "structured_outputs" if req.structured_outputs else "response_format"
-        await compile_grammar(engine, params, param)
-        formatter = CompletionFormatter(ctx.model_name(engine), engine.tokenizer, req.logprobs)
-        return await run_job(request, ctx.admit(engine, ids, params, formatter, _usage(req)), req.stream)
+        with ctx.waiting(request) as ticket:
+            limits = await ctx.input_limits(engine)
+            if isinstance(prompt, list):
+                ids = list(prompt)
+            else:  # bounded first, then tokenized off the event loop
+                limits.check_text(prompt)
+                ids = await engine.run_in_tokenizer(encode, engine.tokenizer, prompt)
+            limits.check_tokens(len(ids))
+            structured = structured_outputs_params(req.response_format, req.structured_outputs)
+            params = sampling_params(req, len(ids), engine.max_model_len, req.logprobs, structured)
+            params = ctx.limit_max_tokens(req.max_tokens, params)
+            param = "structured_outputs" if req.structured_outputs else "response_format"
+            await compile_grammar(engine, params, param)
+            formatter = CompletionFormatter(ctx.model_name(engine), engine.tokenizer, req.logprobs)
+            job = ctx.admit(engine, ids, params, formatter, _usage(req), ticket)
+        return await run_job(request, job, req.stream)
 
-    @router.post("/v1/chat/completions")
-    async def create_chat_completion(req: ChatCompletionRequest, request: Request) -> Response:
+    @router.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
+    async def create_chat_completion(
+        req: Annotated[ChatCompletionRequest, Depends(json_body(ChatCompletionRequest))], request: Request
+    ) -> Response:
         engine = ctx.engine(req.model)
         refuse_unsupported(req)
+        check_tools(req.tools)
         tool_choice = resolve_tool_choice(req.tools, req.tool_choice)
         parser = tool_parser(tool_choice, ctx.tool_call_parser, ctx.enable_auto_tool_choice)
         structured = structured_outputs_params(req.response_format, req.structured_outputs)
@@ -271,13 +324,19 @@ def openai_router(ctx: ServingContext) -> APIRouter:
             if structured is not None:
                 raise OpenAIError(400, "a forced tool_choice cannot be combined with " + param, param=param)
             structured, param = tool_constraint(req.tools, tool_choice, req.parallel_tool_calls), "tools"
-        ids = await engine.run_in_tokenizer(chat_prompt_ids, engine.tokenizer, req)
-        top = (req.top_logprobs or 0) if req.logprobs else None
-        params = sampling_params(req, len(ids), engine.max_model_len, top, structured)
-        params = ctx.limit_max_tokens(req.max_completion_tokens or req.max_tokens, params)
-        await compile_grammar(engine, params, param)
-        formatter = ChatFormatter(ctx.model_name(engine), engine.tokenizer, top, parser)
-        return await run_job(request, ctx.admit(engine, ids, params, formatter, _usage(req)), req.stream)
+        with ctx.waiting(request) as ticket:
+            limits = await ctx.input_limits(engine)
+            limits.check_count(len(req.messages), "messages", "messages")
+            limits.check_text(message_texts(req.messages, req.tools), "messages")
+            ids = await engine.run_in_tokenizer(chat_prompt_ids, engine.tokenizer, req)
+            limits.check_tokens(len(ids), "messages")
+            top = (req.top_logprobs or 0) if req.logprobs else None
+            params = sampling_params(req, len(ids), engine.max_model_len, top, structured)
+            params = ctx.limit_max_tokens(req.max_completion_tokens or req.max_tokens, params)
+            await compile_grammar(engine, params, param)
+            formatter = ChatFormatter(ctx.model_name(engine), engine.tokenizer, top, parser)
+            job = ctx.admit(engine, ids, params, formatter, _usage(req), ticket)
+        return await run_job(request, job, req.stream)
 
     return router
 
