@@ -18,6 +18,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from backend.engine.exceptions import EngineDeadError, EngineGenerateError, EngineOverloadedError
+from backend.server.completion_batch import completion_prompts, echo_texts
+from backend.server.completion_response import CompletionFormatter
 from backend.server.engine_provider import EngineProvider
 from backend.server.errors import OpenAIError, error_body
 from backend.server.metrics import ServerMetrics
@@ -27,9 +29,9 @@ from backend.server.protocol import (
     message_dicts,
     refuse_unsupported,
     sampling_params,
-    single_prompt,
 )
-from backend.server.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
+from backend.server.responses import ChatFormatter, ResponseFormatter
+from backend.server.streams import merge_streams
 from backend.server.structured import structured_outputs_params
 from backend.server.tools import (
     render_messages,
@@ -53,19 +55,30 @@ class ServingContext:
     tool_call_parser: str | None = None  # vLLM's --tool-call-parser: how "auto" tool calls are read
     enable_auto_tool_choice: bool = False
 
-    def limit_max_tokens(self, requested: int | None, params):
-        """Within max_tokens_limit: a larger explicit max_tokens is a 400; an unset one is capped."""
+    def limit_max_tokens(self, requested: int | None, params, num_choices: int = 1):
+        """Within max_tokens_limit, which caps the output tokens of all of a request's choices together
+        (prompts times n): a larger explicit max_tokens is a 400; an unset one is capped."""
         limit = self.max_tokens_limit
-        if limit is None or params.max_tokens <= limit:
+        if limit is None or params.max_tokens * num_choices <= limit:
             return params
-        if requested is not None:
+        if limit < num_choices:
             raise OpenAIError(
                 400,
-                f"max_tokens must be at most {limit} on this public server, got {requested}",
+                f"a request may have at most {limit} choices (prompts times n) on this public server, "
+                f"got {num_choices}",
+                "invalid_value",
+                "n",
+            )
+        if requested is not None:
+            per_choice = f" for each of {num_choices} choices (prompts times n)" if num_choices > 1 else ""
+            raise OpenAIError(
+                400,
+                f"max_tokens must be at most {limit // num_choices}{per_choice} on this public server, "
+                f"got {requested}",
                 "invalid_value",
                 "max_tokens",
             )
-        return replace(params, max_tokens=limit)
+        return replace(params, max_tokens=limit // num_choices)
 
     def model_name(self, engine: AsyncLLM) -> str:
         return self.served_model_name or engine.model_name
@@ -96,39 +109,42 @@ class ServingContext:
             )
         return engine
 
-    def admit(self, engine, prompt_ids: list[int], params, formatter: ResponseFormatter, include_usage):
-        """Hand the request to the engine now, so that a refusal is an HTTP error before any stream."""
+    def admit(self, engine, prompts: list[tuple[list[int], object]], formatter: ResponseFormatter, usage):
+        """Hand the request's prompts ((token ids, SamplingParams) each) to the engine now, all or none,
+        so that a refusal is an HTTP error before any stream."""
+        ids = [formatter.id] if len(prompts) == 1 else [f"{formatter.id}-{i}" for i in range(len(prompts))]
+        batch = [(rid, ids_, params, None) for rid, (ids_, params) in zip(ids, prompts, strict=True)]
         try:
-            collector = engine.add_request(
-                formatter.id, prompt_ids, params, max_waiting_requests=self.max_waiting_requests
-            )
+            collectors = engine.add_requests(batch, max_waiting_requests=self.max_waiting_requests)
         except ValueError as exc:
             raise OpenAIError(400, str(exc)) from None
         except EngineOverloadedError as exc:
             raise OpenAIError(503, str(exc), "queue_full", headers={"Retry-After": "1"}) from None
         except EngineDeadError as exc:
             raise OpenAIError(503, str(exc), "engine_dead", headers={"Retry-After": "5"}) from None
-        return Job(self, engine, collector, formatter, include_usage)
+        return Job(self, engine, list(zip(ids, collectors, strict=True)), formatter, usage)
 
 
 class Job:
-    """One admitted request on the engine, with its metrics; aborted if not finished when dropped."""
+    """One HTTP request's engine requests (one per prompt), with their metrics; those not finished when
+    it is dropped are aborted."""
 
-    def __init__(self, ctx: ServingContext, engine, collector, formatter, include_usage: bool):
+    def __init__(self, ctx: ServingContext, engine, streams: list, formatter, include_usage: bool):
         self.engine = engine
-        self.collector = collector
+        self.streams = streams  # (request_id, collector) per prompt
         self.formatter: ResponseFormatter = formatter
         self.include_usage = include_usage
-        self.request_id = formatter.id
-        self.recorder = ctx.metrics.recorder(formatter.model)
+        self.recorders = [ctx.metrics.recorder(formatter.model) for _ in streams]
+        self.finals: list = [None] * len(streams)  # each prompt's last output
 
-    async def outputs(self) -> AsyncIterator:
-        last, reason = None, "abort"
-        stream = self.engine.outputs(self.request_id, self.collector)
+    async def prompt_outputs(self, index: int) -> AsyncIterator:
+        request_id, collector = self.streams[index]
+        recorder, last, reason = self.recorders[index], None, "abort"
+        stream = self.engine.outputs(request_id, collector)
         try:
             async for out in stream:
-                self.recorder.on_output(out)
-                last = out
+                recorder.on_output(out)
+                last = self.finals[index] = out
                 yield out
             if last is not None and last.finished:
                 reason = last.outputs[0].finish_reason
@@ -137,27 +153,34 @@ class Job:
             raise
         finally:
             await stream.aclose()  # closing the engine's stream early aborts the request, freeing its blocks
-            self.recorder.on_finish(last, reason)
+            recorder.on_finish(last, reason)
+
+    async def outputs(self) -> AsyncIterator[tuple[int, object]]:
+        """(prompt index, cumulative output) of every prompt, as they come."""
+        merged = merge_streams([self.prompt_outputs(i) for i in range(len(self.streams))])
+        try:
+            async for item in merged:
+                yield item
+        finally:
+            await merged.aclose()
+            for (request_id, _), last in zip(self.streams, self.finals, strict=True):
+                if last is None or not last.finished:
+                    self.engine.abort(request_id)  # a no-op once its stream has aborted it
 
     async def collect(self) -> dict:
-        last = None
-        async for out in self.outputs():
-            last = out
-        return self.formatter.response(last)
+        async for _ in self.outputs():
+            pass
+        return self.formatter.response(self.finals)
 
     async def sse(self) -> AsyncIterator[str]:
-        first = self.formatter.first_chunk(self.include_usage)
-        if first is not None:
+        for first in self.formatter.first_chunks(self.include_usage):
             yield _sse(first)
-        last = None
         try:
-            async for out in self.outputs():
-                last = out
-                chunk = self.formatter.chunk(out, self.include_usage)
-                if chunk is not None:
+            async for index, out in self.outputs():
+                for chunk in self.formatter.chunks(index, out, self.include_usage):
                     yield _sse(chunk)
             if self.include_usage:
-                yield _sse(self.formatter.usage_chunk(last))
+                yield _sse(self.formatter.usage_chunk(self.finals))
         except EngineDeadError as exc:  # the status line is sent: tell the client in-band, as vLLM does
             yield _sse(error_body(503, str(exc), "engine_dead"))
         except Exception as exc:  # boundary: the engine failed this request mid-stream
@@ -193,10 +216,6 @@ async def run_job(request: Request, job: Job, stream: bool) -> Response:
         raise OpenAIError(500, f"The engine failed this request: {exc}", "engine_error") from None
     except EngineDeadError as exc:
         raise OpenAIError(503, str(exc), "engine_dead", headers={"Retry-After": "5"}) from None
-
-
-def encode(tokenizer, text: str) -> list[int]:
-    return list(tokenizer(text)["input_ids"])
 
 
 async def compile_grammar(engine, params, param: str) -> None:
@@ -246,18 +265,16 @@ def openai_router(ctx: ServingContext) -> APIRouter:
     async def create_completion(req: CompletionRequest, request: Request) -> Response:
         engine = ctx.engine(req.model)
         refuse_unsupported(req)
-        prompt = single_prompt(req.prompt)
-        if isinstance(prompt, list):
-            ids = list(prompt)
-        else:  # a long prompt takes a while: tokenize off the event loop
-            ids = await engine.run_in_tokenizer(encode, engine.tokenizer, prompt)
         structured = structured_outputs_params(req.response_format, req.structured_outputs)
-        params = sampling_params(req, len(ids), engine.max_model_len, req.logprobs, structured)
-        params = ctx.limit_max_tokens(req.max_tokens, params)
+        prompts = await completion_prompts(engine, req, structured, ctx.limit_max_tokens)
         param = "structured_outputs" if req.structured_outputs else "response_format"
-        await compile_grammar(engine, params, param)
-        formatter = CompletionFormatter(ctx.model_name(engine), engine.tokenizer, req.logprobs)
-        return await run_job(request, ctx.admit(engine, ids, params, formatter, _usage(req)), req.stream)
+        await compile_grammar(engine, prompts[0].params, param)
+        echo_only = req.echo and req.max_tokens == 0
+        formatter = CompletionFormatter(ctx.model_name(engine), engine.tokenizer, req.logprobs, req.n)
+        job = ctx.admit(engine, [(p.token_ids, p.params) for p in prompts], formatter, _usage(req))
+        if req.echo:
+            formatter.echo_prompts, formatter.echo_only = await echo_texts(engine, prompts), echo_only
+        return await run_job(request, job, req.stream)
 
     @router.post("/v1/chat/completions")
     async def create_chat_completion(req: ChatCompletionRequest, request: Request) -> Response:
@@ -274,10 +291,10 @@ def openai_router(ctx: ServingContext) -> APIRouter:
         ids = await engine.run_in_tokenizer(chat_prompt_ids, engine.tokenizer, req)
         top = (req.top_logprobs or 0) if req.logprobs else None
         params = sampling_params(req, len(ids), engine.max_model_len, top, structured)
-        params = ctx.limit_max_tokens(req.max_completion_tokens or req.max_tokens, params)
+        params = ctx.limit_max_tokens(req.max_completion_tokens or req.max_tokens, params, req.n)
         await compile_grammar(engine, params, param)
-        formatter = ChatFormatter(ctx.model_name(engine), engine.tokenizer, top, parser)
-        return await run_job(request, ctx.admit(engine, ids, params, formatter, _usage(req)), req.stream)
+        formatter = ChatFormatter(ctx.model_name(engine), engine.tokenizer, top, parser, req.n)
+        return await run_job(request, ctx.admit(engine, [(ids, params)], formatter, _usage(req)), req.stream)
 
     return router
 
