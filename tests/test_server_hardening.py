@@ -25,7 +25,7 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     args = ["--model", long_context_tiny_model(), "--served-model-name", "tiny", "--max-num-seqs", "2"]
     args += ["--max-waiting-requests", str(QUEUE_LIMIT), "--num-kv-blocks", "1100", "--max-model-len", "8192"]
-    args += ["--disable-uvicorn-access-log"]
+    args += ["--disable-uvicorn-access-log", "--max-waiting-per-client", "64"]  # the engine's queue first
     env = {ENV_VAR: f"sample:{SAMPLE_FAULT},execute:{EXECUTE_FAULT}"}
     proc = ServeProcess(log, *args, env=env)
     yield proc

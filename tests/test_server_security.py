@@ -13,6 +13,7 @@ import pytest
 
 from app import build_parser
 from backend.server import build_app
+from backend.server.fairness import ClientLine
 from tests.common_utils import ROOT, stop_process
 from tests.engine_utils import tiny_model
 from tests.server_utils import RunningServer, long_context_tiny_model, start_engine, wait_until
@@ -85,7 +86,8 @@ def test_oversized_bodies_get_413_with_or_without_content_length(keyed):
 
 
 def test_full_waiting_queue_gets_503_with_retry_after(engine):
-    server = RunningServer(build_app(lambda: engine, max_waiting_requests=1))
+    # each client's share (fairness.py) set above the queue: this test fills the engine's own queue
+    server = RunningServer(build_app(lambda: engine, max_waiting_requests=1, clients=ClientLine(8)))
     body = {"prompt": "a b c", "max_tokens": 8000, "ignore_eos": True, "stream": True}
     try:
         with httpx.Client(timeout=60) as http:

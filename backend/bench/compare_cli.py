@@ -78,9 +78,9 @@ def main(args: argparse.Namespace) -> int:
             ignore_eos=args.ignore_eos,
             tokenizer=model,  # `random` as vLLM's: token ids of the model's tokenizer
         )
+        warmup, runs = split_runs(workload, args.max_concurrency, args.warmup)
     except ValueError as exc:
         raise SystemExit(f"compare: {exc}") from None
-    warmup, runs = split_runs(workload, args.max_concurrency, args.warmup)
     comparison = Comparison(workload, [])
     run_targets(args, model, warmup, runs, comparison)
     print(format_table(comparison.rows()))

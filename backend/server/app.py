@@ -13,25 +13,38 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from backend.server.engine_provider import EngineProvider
 from backend.server.errors import install_error_handlers
+from backend.server.fairness import ClientLine
 from backend.server.metrics import ServerMetrics
 from backend.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
+from backend.server.protocol import ChatCompletionRequest, CompletionRequest
+from backend.server.request_body import body_pool, install_body_schemas
 from backend.server.serving import ServingContext, openai_router
 from backend.server.tool_parsers import TOOL_PARSERS
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_WAITING_REQUESTS = 256  # as AsyncLLM's
+
+
+def default_client_share(max_waiting_requests: int) -> int:
+    """Each client's share of the waiting queue unless told: half of it (at least one), so that another
+    client always finds room however hard one pushes (the soak's flood of 64 fits in 256 // 2)."""
+    return max(1, max_waiting_requests // 2)
 
 
 def build_app(
     engine_provider: EngineProvider,
     served_model_name: str | None = None,
     api_key: str | None = None,
-    max_waiting_requests: int = 256,
+    max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     key_prefixes: tuple[str, ...] | None = None,
     expose_prefix_cache: bool = True,
     max_tokens_limit: int | None = None,
     tool_call_parser: str | None = None,
     enable_auto_tool_choice: bool = False,
+    max_input_tokens: int | None = None,
+    clients: ClientLine | None = None,
+    forwarded_hops: int = 0,
 ) -> FastAPI:
     """The OpenAI-compatible app over ``engine_provider()`` (an AsyncLLM, or None while none runs).
 
@@ -40,7 +53,10 @@ def build_app(
     over ``max_body_bytes`` get 413; requests arriving while ``max_waiting_requests`` wait in the engine
     get 503 with Retry-After. Without ``expose_prefix_cache`` (a public app) /metrics leaves out the
     prefix-cache hit counters. With ``max_tokens_limit`` (a public app) a request may ask for at most
-    that many output tokens (400 above it; an unset max_tokens is capped to it).
+    that many output tokens (400 above it; an unset max_tokens is capped to it), and with
+    ``max_input_tokens`` at most that many input tokens. ``clients`` holds each client's share of the
+    waiting queue (default: half of max_waiting_requests each; the UI passes the line its own
+    handlers share); ``forwarded_hops`` trusted proxies in front name the client in X-Forwarded-For.
     """
     if max_waiting_requests < 0:
         raise ValueError(f"max_waiting_requests must be >= 0, got {max_waiting_requests}")
@@ -58,11 +74,15 @@ def build_app(
         engine_provider, served_model_name, max_waiting_requests, server_metrics, max_tokens_limit
     )
     ctx.tool_call_parser, ctx.enable_auto_tool_choice = tool_call_parser, enable_auto_tool_choice
+    ctx.max_input_tokens, ctx.forwarded_hops = max_input_tokens, forwarded_hops
+    ctx.clients = clients or ClientLine(default_client_share(max_waiting_requests))
 
     app = FastAPI(title="LLM serving playground: OpenAI-compatible API", docs_url=None, redoc_url=None)
     app.state.serving = ctx
+    app.state.body_pool = body_pool()
     install_error_handlers(app)
     app.include_router(openai_router(ctx))
+    install_body_schemas(app, [CompletionRequest, ChatCompletionRequest])
 
     @app.get("/health")
     async def health() -> Response:
