@@ -1,7 +1,8 @@
 """build_app(): the FastAPI application that serves an engine over OpenAI's HTTP API.
 
 Routes: GET /health, GET /metrics (Prometheus text), GET /v1/models, POST /v1/completions,
-POST /v1/chat/completions. The engine comes from ``engine_provider()`` on every request, so a UI can
+POST /v1/chat/completions, POST /v1/responses, and vLLM's POST /tokenize, POST /detokenize,
+GET /tokenizer_info, GET /version. The engine comes from ``engine_provider()`` on every request, so a UI can
 launch, stop and relaunch it under a running server; while it returns None the API answers 503.
 """
 
@@ -15,10 +16,14 @@ from backend.server.engine_provider import EngineProvider
 from backend.server.errors import install_error_handlers
 from backend.server.metrics import ServerMetrics
 from backend.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
+from backend.server.responses_api import responses_router
 from backend.server.serving import ServingContext, openai_router
+from backend.server.tokenization import tokenization_router
 from backend.server.tool_parsers import TOOL_PARSERS
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# The paths of the API (beside a mounted UI these are the ones an API key guards)
+API_PATHS = ("/v1", "/metrics", "/tokenize", "/detokenize", "/tokenizer_info", "/version")
 
 
 def build_app(
@@ -36,7 +41,7 @@ def build_app(
     """The OpenAI-compatible app over ``engine_provider()`` (an AsyncLLM, or None while none runs).
 
     With ``api_key`` set, every path but /health (or, with ``key_prefixes``, only the paths under them,
-    e.g. ("/v1", "/metrics") beside a mounted UI) needs ``Authorization: Bearer <api_key>``. Bodies
+    e.g. API_PATHS beside a mounted UI) needs ``Authorization: Bearer <api_key>``. Bodies
     over ``max_body_bytes`` get 413; requests arriving while ``max_waiting_requests`` wait in the engine
     get 503 with Retry-After. Without ``expose_prefix_cache`` (a public app) /metrics leaves out the
     prefix-cache hit counters. With ``max_tokens_limit`` (a public app) a request may ask for at most
@@ -63,6 +68,8 @@ def build_app(
     app.state.serving = ctx
     install_error_handlers(app)
     app.include_router(openai_router(ctx))
+    app.include_router(responses_router(ctx))
+    app.include_router(tokenization_router(ctx))
 
     @app.get("/health")
     async def health() -> Response:

@@ -18,26 +18,21 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from backend.engine.exceptions import EngineDeadError, EngineGenerateError, EngineOverloadedError
+from backend.server.chat_prompt import chat_prompt_ids
 from backend.server.engine_provider import EngineProvider
 from backend.server.errors import OpenAIError, error_body
 from backend.server.metrics import ServerMetrics
 from backend.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    message_dicts,
     refuse_unsupported,
     sampling_params,
     single_prompt,
 )
 from backend.server.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
 from backend.server.structured import structured_outputs_params
-from backend.server.tools import (
-    render_messages,
-    resolve_tool_choice,
-    template_renders_tools,
-    tool_constraint,
-    tool_parser,
-)
+from backend.server.tool_parsers import ToolParser
+from backend.server.tools import resolve_tool_choice, tool_constraint, tool_parser
 
 if TYPE_CHECKING:
     from backend.engine.async_llm import AsyncLLM
@@ -207,23 +202,23 @@ async def compile_grammar(engine, params, param: str) -> None:
         raise OpenAIError(400, f"Invalid {param}: {exc}", "invalid_grammar", param) from None
 
 
-def chat_prompt_ids(tokenizer, req: ChatCompletionRequest) -> list[int]:
-    if not getattr(tokenizer, "chat_template", None):
-        raise OpenAIError(
-            400, "This model has no chat template; use /v1/completions instead.", "no_chat_template"
-        )
-    tools = [t.model_dump() for t in req.tools] if req.tools else None
-    native = template_renders_tools(tokenizer)
-    messages = render_messages(message_dicts(req.messages), req.tools, native)
-    try:
-        text = tokenizer.apply_chat_template(
-            messages, tools=tools if native else None, tokenize=False, add_generation_prompt=True
-        )
-    except Exception as exc:  # the template's own checks, e.g. roles that must alternate
-        raise OpenAIError(
-            400, f"The chat template rejected the messages: {exc}", "invalid_messages"
-        ) from None
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+async def prepare_chat(ctx: ServingContext, engine, req: ChatCompletionRequest, top_logprobs: int | None):
+    """(prompt ids, SamplingParams, tool parser) of a chat request: tool choice and its constraint or
+    the response format, the chat template, the context and max_tokens checks, the compiled grammar.
+    /v1/chat/completions and /v1/responses both go through here."""
+    tool_choice = resolve_tool_choice(req.tools, req.tool_choice)
+    parser: ToolParser | None = tool_parser(tool_choice, ctx.tool_call_parser, ctx.enable_auto_tool_choice)
+    structured = structured_outputs_params(req.response_format, req.structured_outputs)
+    param = "structured_outputs" if req.structured_outputs else "response_format"
+    if tool_choice == "required" or not isinstance(tool_choice, str):
+        if structured is not None:
+            raise OpenAIError(400, "a forced tool_choice cannot be combined with " + param, param=param)
+        structured, param = tool_constraint(req.tools, tool_choice, req.parallel_tool_calls), "tools"
+    ids = await engine.run_in_tokenizer(chat_prompt_ids, engine.tokenizer, req)
+    params = sampling_params(req, len(ids), engine.max_model_len, top_logprobs, structured)
+    params = ctx.limit_max_tokens(req.max_completion_tokens or req.max_tokens, params)
+    await compile_grammar(engine, params, param)
+    return ids, params, parser
 
 
 def openai_router(ctx: ServingContext) -> APIRouter:
@@ -263,19 +258,8 @@ def openai_router(ctx: ServingContext) -> APIRouter:
     async def create_chat_completion(req: ChatCompletionRequest, request: Request) -> Response:
         engine = ctx.engine(req.model)
         refuse_unsupported(req)
-        tool_choice = resolve_tool_choice(req.tools, req.tool_choice)
-        parser = tool_parser(tool_choice, ctx.tool_call_parser, ctx.enable_auto_tool_choice)
-        structured = structured_outputs_params(req.response_format, req.structured_outputs)
-        param = "structured_outputs" if req.structured_outputs else "response_format"
-        if tool_choice == "required" or not isinstance(tool_choice, str):
-            if structured is not None:
-                raise OpenAIError(400, "a forced tool_choice cannot be combined with " + param, param=param)
-            structured, param = tool_constraint(req.tools, tool_choice, req.parallel_tool_calls), "tools"
-        ids = await engine.run_in_tokenizer(chat_prompt_ids, engine.tokenizer, req)
         top = (req.top_logprobs or 0) if req.logprobs else None
-        params = sampling_params(req, len(ids), engine.max_model_len, top, structured)
-        params = ctx.limit_max_tokens(req.max_completion_tokens or req.max_tokens, params)
-        await compile_grammar(engine, params, param)
+        ids, params, parser = await prepare_chat(ctx, engine, req, top)
         formatter = ChatFormatter(ctx.model_name(engine), engine.tokenizer, top, parser)
         return await run_job(request, ctx.admit(engine, ids, params, formatter, _usage(req)), req.stream)
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.engine.sampling_params import SamplingParams, StructuredOutputsParams
+from backend.server.chat_prompt import chat_prompt_ids
 from backend.server.protocol import ChatCompletionRequest
-from backend.server.serving import chat_prompt_ids
 from backend.server.tool_calls import ToolCallFormatter
 from backend.server.tools import Tool, resolve_tool_choice, tool_constraint, tool_parser
 
