@@ -1,17 +1,20 @@
 """What real clients do with the `openai` SDK against the server on the default model (SmolLM2-135M),
 greedy: Responses text and a function-tool loop (call -> function_call_output -> answer), the SDK's
-`responses.stream()` helper, `responses.parse` and `chat.completions.parse` with a pydantic model, and a
-chat tool loop with tool_choice="required". Calls and structured outputs are forced by the grammar, so
-they must parse whatever the model's skill; the KV pool must be empty afterwards."""
+`responses.stream()` helper, `responses.parse` and `chat.completions.parse` with a pydantic model, a
+chat tool loop with tool_choice="required", and the OpenAI Agents SDK (`openai-agents`) on
+/v1/responses. Calls and structured outputs are forced by the grammar, so they must parse whatever the
+model's skill; the KV pool must be empty afterwards."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
 import jsonschema
 import openai
 import pytest
+from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 from pydantic import BaseModel
 
 from backend.default_model import default_model
@@ -197,3 +200,42 @@ def test_chat_tool_loop_with_required_tool_choice(client):
         model=MODEL, messages=messages, tools=[CHAT_TOOL], tool_choice="none", max_tokens=40, temperature=0
     )
     assert final.choices[0].message.content and not final.choices[0].message.tool_calls
+
+
+def test_openai_agents_sdk_runs_text_tools_and_streaming_on_the_responses_api(served):
+    """The OpenAI Agents SDK's default model class (OpenAIResponsesModel) pointed at this server: a text
+    answer, a tool loop (the SDK runs the forced call, sends its output, then asks with tool_choice
+    unset: "auto", read by the hermes parser) and a streamed run."""
+    set_tracing_disabled(True)  # no export of traces to OpenAI's platform
+    cities: list[str] = []
+
+    @function_tool
+    def weather(city: str) -> str:
+        """Get the current weather in a city."""
+        cities.append(city)
+        return json.dumps(get_weather(city))
+
+    async def run() -> tuple:
+        client = openai.AsyncOpenAI(base_url=f"{served[1].url}/v1", api_key="unused", max_retries=0)
+        model = OpenAIResponsesModel(model=MODEL, openai_client=client)
+        settings = ModelSettings(temperature=0, max_tokens=60)
+        plain = Agent(name="plain", instructions="You are helpful.", model=model, model_settings=settings)
+        text = await Runner.run(plain, "What is the capital of France?")
+        forced = ModelSettings(
+            temperature=0, max_tokens=60, tool_choice="required", parallel_tool_calls=False
+        )
+        agent = Agent(
+            name="tools", instructions="Use tools.", model=model, tools=[weather], model_settings=forced
+        )
+        tools = await Runner.run(agent, QUESTION, max_turns=4)
+        streamed = Runner.run_streamed(plain, "What is the capital of France?")
+        kinds = [event.type async for event in streamed.stream_events()]
+        return text, tools, streamed, kinds
+
+    text, tools, streamed, kinds = asyncio.run(run())
+    assert "Paris" in text.final_output
+    assert len(cities) == 1 and cities[0]
+    item_types = [item.type for item in tools.new_items]
+    assert item_types == ["tool_call_item", "tool_call_output_item", "message_output_item"]
+    assert tools.final_output
+    assert streamed.final_output == text.final_output and "raw_response_event" in kinds
