@@ -1,7 +1,7 @@
 """The Responses API routes: POST /v1/responses (stateless), GET and DELETE /v1/responses/{id} (404:
 nothing is stored).
 
-A request becomes a chat completion request (``responses_protocol.to_chat_request``) and runs through
+A request becomes a chat completion request (``responses_chat.to_chat_request``) and runs through
 the chat path (``serving.prepare_chat``: template, tool constraint, structured output, limits), then as
 a ``Job`` like any other request: admitted before any byte is sent, aborted when its client leaves.
 """
@@ -16,12 +16,10 @@ from fastapi.responses import Response, StreamingResponse
 
 from backend.engine.exceptions import EngineDeadError
 from backend.server.errors import OpenAIError
-from backend.server.responses_output import ResponsesEvents, ResponsesFormatter
-from backend.server.responses_protocol import (
-    ResponsesRequest,
-    refuse_unsupported_responses,
-    to_chat_request,
-)
+from backend.server.responses_chat import to_chat_request
+from backend.server.responses_output import ResponsesFormatter
+from backend.server.responses_protocol import ResponsesRequest, refuse_unsupported_responses
+from backend.server.responses_stream import ResponsesEvents
 from backend.server.serving import Job, ServingContext, prepare_chat, run_job
 from backend.server.tokenization import chat_chars, check_text_length
 

@@ -7,17 +7,17 @@ output items, then the new input), which is what a client does with ``store=fals
 VLLM_ENABLE_RESPONSES_API_STORE. Input is text: message items (``input_text`` / ``output_text`` parts),
 ``function_call`` and ``function_call_output`` items; ``reasoning`` items are skipped. Tools are
 function tools in the Responses API's flat shape. Everything else about generation (chat template, tool
-constraint and parsing, structured output, limits) is the chat completions path (``to_chat_request``).
+constraint and parsing, structured output, limits) is the chat completions path (``responses_chat``).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from backend.server.errors import OpenAIError, describe_validation_errors
-from backend.server.protocol import ChatCompletionRequest, StrictJSON
+from backend.server.errors import OpenAIError
+from backend.server.protocol import StrictJSON
 
 TEXT_PART_TYPES = ("input_text", "output_text", "text")
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
@@ -112,12 +112,6 @@ class TextConfig(BaseModel):
     format: TextFormat = Field(default_factory=lambda: TextFormat.model_validate({}))
 
 
-def _text(content: str | list[Any]) -> str:
-    if isinstance(content, str):
-        return content
-    return "".join(p.text if isinstance(p, TextPart) else p.refusal for p in content)
-
-
 def _check_input_types(data: Any) -> None:
     """Say plainly which input items and content parts this server takes (pydantic's union errors
     list every member's missing fields instead)."""
@@ -209,66 +203,3 @@ def refuse_unsupported_responses(req: ResponsesRequest) -> None:
     for param, (refused, why) in refusals.items():
         if refused:
             raise OpenAIError(400, f"{param} is not supported on this server: {why}", param=param)
-
-
-def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
-    """Chat messages for the input items: consecutive function calls join the assistant turn."""
-    messages: list[dict[str, Any]] = []
-    if req.instructions:
-        messages.append({"role": "system", "content": req.instructions})
-    items = [MessageItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
-    for item in items:
-        if isinstance(item, MessageItem):
-            role = "system" if item.role == "developer" else item.role
-            messages.append({"role": role, "content": _text(item.content)})
-        elif isinstance(item, FunctionCallItem):
-            call = {"id": item.call_id, "function": {"name": item.name, "arguments": item.arguments}}
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif isinstance(item, FunctionCallOutputItem):
-            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)})
-    if not messages:
-        raise OpenAIError(400, "input holds no messages: send a text or a message item", param="input")
-    return messages
-
-
-def _response_format(text: TextConfig | None) -> dict[str, Any] | None:
-    if text is None or text.format.type == "text":
-        return None
-    if text.format.type == "json_object":
-        return {"type": "json_object"}
-    schema = {"name": text.format.name, "schema": text.format.json_schema, "strict": text.format.strict}
-    return {"type": "json_schema", "json_schema": schema}
-
-
-def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
-    """The chat completion request that generates this response (OpenAIError 400 if it is invalid)."""
-    tools: list[dict[str, Any]] = [
-        {"type": "function", "function": t.model_dump(include={"name", "description", "parameters"})}
-        for t in req.tools or []
-    ]
-    for tool in tools:
-        if tool["function"]["parameters"] is None:
-            del tool["function"]["parameters"]
-    choice = req.tool_choice
-    body = {
-        "model": req.model,
-        "messages": _messages(req),
-        "tools": tools or None,
-        "tool_choice": {"type": "function", "function": {"name": choice.name}}
-        if isinstance(choice, FunctionToolChoice)
-        else choice,
-        "parallel_tool_calls": req.parallel_tool_calls,
-        "max_completion_tokens": req.max_output_tokens,
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-        "response_format": _response_format(req.text),
-    }
-    try:
-        return ChatCompletionRequest.model_validate(body)
-    except ValidationError as exc:
-        message, param = describe_validation_errors([dict(e) for e in exc.errors()])
-        raise OpenAIError(400, message, "invalid_value", param) from None
