@@ -146,6 +146,7 @@ def test_stateful_and_unsupported_features_get_a_400_that_says_what_to_send(clie
         ({"input": "hi", "tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}}, "nope"),
         ({"input": "hi", "tools": [TOOL], "tool_choice": "auto"}, "--enable-auto-tool-choice"),
         ({"input": []}, "no messages"),
+        ({"input": "hi", "max_output_tokens": 600}, "max_output_tokens is too large: 600"),
         ({"input": "hi", "text": {"format": BAD_FORMAT}}, "objectx"),
     ],
 )  # fmt: skip

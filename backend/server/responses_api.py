@@ -43,6 +43,14 @@ async def response_events(job: Job, events: ResponsesEvents) -> AsyncIterator[st
             yield _sse(event)
 
 
+def in_responses_terms(exc: OpenAIError) -> OpenAIError:
+    """The chat path's error about max_tokens, said about the Responses API's max_output_tokens."""
+    if exc.param == "max_tokens":
+        exc.param = "max_output_tokens"
+        exc.message = exc.message.replace("max_tokens", "max_output_tokens")
+    return exc
+
+
 def _not_stored(response_id: str) -> OpenAIError:
     return OpenAIError(
         404,
@@ -61,7 +69,10 @@ def responses_router(ctx: ServingContext) -> APIRouter:
         refuse_unsupported_responses(req)
         chat = to_chat_request(req)
         check_text_length(engine.tokenizer, engine.max_model_len, chat_chars(chat.messages), "input")
-        ids, params, parser = await prepare_chat(ctx, engine, chat, None)
+        try:
+            ids, params, parser = await prepare_chat(ctx, engine, chat, None)
+        except OpenAIError as exc:
+            raise in_responses_terms(exc) from None
         formatter = ResponsesFormatter(ctx.model_name(engine), engine.tokenizer, parser, req)
         job = ctx.admit(engine, ids, params, formatter, False)
         if not req.stream:
