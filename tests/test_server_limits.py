@@ -265,6 +265,11 @@ def test_an_input_token_cap_applies_to_completions_and_chat(engine):
         assert resp.status_code == 400 and "at most 32 input tokens" in resp.json()["error"]["message"]
         scored = {"prompt": "x " * 40, "max_tokens": 1, "prompt_logprobs": 1}
         assert post(f"{capped.url}/v1/completions", scored).status_code == 400
+        response = post(f"{capped.url}/v1/responses", {"input": "hi " * 40, "max_output_tokens": 1})
+        assert response.status_code == 400 and "at most 32 input tokens" in response.text
+        counted = post(f"{capped.url}/tokenize", {"prompt": "hi " * 40})  # the same cap, the same words
+        assert counted.status_code == 400 and "at most 32 input tokens" in counted.text
+        assert post(f"{capped.url}/tokenize", {"prompt": "hi"}).json()["count"] >= 1
         assert post(f"{capped.url}/v1/completions", {"prompt": "hi", "max_tokens": 1}).status_code == 200
     finally:
         capped.stop()

@@ -130,8 +130,11 @@ class AsyncLLM:
 
     async def run_in_tokenizer(self, function: Callable[..., Any], *args: Any) -> Any:
         """Run a tokenizer call (encode, chat template) off the event loop, on the tokenizer thread;
-        EngineOverloadedError when TOKENIZER_MAX_WAITING calls already wait for it."""
+        EngineOverloadedError when TOKENIZER_MAX_WAITING calls already wait for it; EngineDeadError once
+        the engine is shut down (a request that got the engine just before a relaunch stopped it)."""
         with self._lock:
+            if self._dead is not None:
+                raise self._dead
             if self._tokenizer_jobs > TOKENIZER_MAX_WAITING:
                 raise EngineOverloadedError(
                     f"The server is overloaded: {self._tokenizer_jobs} requests wait for the tokenizer. "
@@ -141,6 +144,9 @@ class AsyncLLM:
         loop = asyncio.get_running_loop()
         try:
             future = self._tokenizer_executor.submit(functools.partial(function, *args))
+        except RuntimeError:  # "cannot schedule new futures after shutdown": shut down since the check
+            self._tokenizer_done(None)
+            raise EngineDeadError("the engine was shut down") from None
         except BaseException:
             self._tokenizer_done(None)
             raise
@@ -235,6 +241,8 @@ class AsyncLLM:
         structured = params.structured_outputs
         if structured is None or structured.compiled is not None:
             return
+        if self._dead is not None:  # the grammar pool is shut down with the engine
+            raise self._dead
         try:
             structured.compiled = await self.grammar_pool.run(
                 self.engine.structured_output.compile, structured

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from backend.engine.exceptions import EngineDeadError, EngineOverloadedError
+from backend.server.chat_prompt import chat_prompt_ids
 from backend.server.completion_batch import completion_prompts, echo_texts
 from backend.server.completion_response import CompletionFormatter
 from backend.server.engine_provider import EngineProvider
@@ -30,7 +31,6 @@ from backend.server.metrics import ServerMetrics
 from backend.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    message_dicts,
     message_texts,
     prompt_batch,
     refuse_unsupported,
@@ -39,13 +39,8 @@ from backend.server.protocol import (
 from backend.server.request_body import body_schema, json_body
 from backend.server.responses import ChatFormatter, ResponseFormatter
 from backend.server.structured import structured_outputs_params
-from backend.server.tools import (
-    render_messages,
-    resolve_tool_choice,
-    template_renders_tools,
-    tool_constraint,
-    tool_parser,
-)
+from backend.server.tool_parsers import ToolParser
+from backend.server.tools import resolve_tool_choice, tool_constraint, tool_parser
 
 if TYPE_CHECKING:
     from backend.engine.async_llm import AsyncLLM
@@ -175,23 +170,30 @@ async def compile_grammar(engine, params, param: str) -> None:
         raise OpenAIError(400, f"Invalid {param}: {exc}", "invalid_grammar", param) from None
 
 
-def chat_prompt_ids(tokenizer, req: ChatCompletionRequest) -> list[int]:
-    if not getattr(tokenizer, "chat_template", None):
-        raise OpenAIError(
-            400, "This model has no chat template; use /v1/completions instead.", "no_chat_template"
-        )
-    tools = [t.model_dump() for t in req.tools] if req.tools else None
-    native = template_renders_tools(tokenizer)
-    messages = render_messages(message_dicts(req.messages), req.tools, native)
-    try:
-        text = tokenizer.apply_chat_template(
-            messages, tools=tools if native else None, tokenize=False, add_generation_prompt=True
-        )
-    except Exception as exc:  # the template's own checks, e.g. roles that must alternate
-        raise OpenAIError(
-            400, f"The chat template rejected the messages: {exc}", "invalid_messages"
-        ) from None
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+async def prepare_chat(
+    ctx: ServingContext, engine, req: ChatCompletionRequest, top_logprobs: int | None, limits: InputLimits
+):
+    """(prompt ids, SamplingParams, tool parser) of a chat request: tools within their limits, tool choice
+    and its constraint or the response format, the messages bounded before the chat template, the
+    context, input-cap and max_tokens checks (over all n choices), the compiled grammar.
+    /v1/chat/completions and /v1/responses both go through here."""
+    check_tools(req.tools)
+    tool_choice = resolve_tool_choice(req.tools, req.tool_choice)
+    parser: ToolParser | None = tool_parser(tool_choice, ctx.tool_call_parser, ctx.enable_auto_tool_choice)
+    structured = structured_outputs_params(req.response_format, req.structured_outputs)
+    param = "structured_outputs" if req.structured_outputs else "response_format"
+    if tool_choice == "required" or not isinstance(tool_choice, str):
+        if structured is not None:
+            raise OpenAIError(400, "a forced tool_choice cannot be combined with " + param, param=param)
+        structured, param = tool_constraint(req.tools, tool_choice, req.parallel_tool_calls), "tools"
+    limits.check_count(len(req.messages), "messages", "messages")
+    limits.check_text(message_texts(req.messages, req.tools), "messages")
+    ids = await engine.run_in_tokenizer(chat_prompt_ids, engine.tokenizer, req)
+    limits.check_tokens(len(ids), "messages")
+    params = sampling_params(req, len(ids), engine.max_model_len, top_logprobs, structured)
+    params = ctx.limit_max_tokens(req.max_completion_tokens or req.max_tokens, params, req.n)
+    await compile_grammar(engine, params, param)
+    return ids, params, parser
 
 
 def openai_router(ctx: ServingContext) -> APIRouter:
@@ -241,25 +243,10 @@ def openai_router(ctx: ServingContext) -> APIRouter:
     ) -> Response:
         engine = ctx.engine(req.model)
         refuse_unsupported(req)
-        check_tools(req.tools)
-        tool_choice = resolve_tool_choice(req.tools, req.tool_choice)
-        parser = tool_parser(tool_choice, ctx.tool_call_parser, ctx.enable_auto_tool_choice)
-        structured = structured_outputs_params(req.response_format, req.structured_outputs)
-        param = "structured_outputs" if req.structured_outputs else "response_format"
-        if tool_choice == "required" or not isinstance(tool_choice, str):
-            if structured is not None:
-                raise OpenAIError(400, "a forced tool_choice cannot be combined with " + param, param=param)
-            structured, param = tool_constraint(req.tools, tool_choice, req.parallel_tool_calls), "tools"
         with ctx.waiting(request) as ticket:
             limits = await ctx.input_limits(engine)
-            limits.check_count(len(req.messages), "messages", "messages")
-            limits.check_text(message_texts(req.messages, req.tools), "messages")
-            ids = await engine.run_in_tokenizer(chat_prompt_ids, engine.tokenizer, req)
-            limits.check_tokens(len(ids), "messages")
             top = (req.top_logprobs or 0) if req.logprobs else None
-            params = sampling_params(req, len(ids), engine.max_model_len, top, structured)
-            params = ctx.limit_max_tokens(req.max_completion_tokens or req.max_tokens, params, req.n)
-            await compile_grammar(engine, params, param)
+            ids, params, parser = await prepare_chat(ctx, engine, req, top, limits)
             formatter = ChatFormatter(ctx.model_name(engine), engine.tokenizer, top, parser, req.n)
             job = ctx.admit(engine, [(ids, params)], formatter, _usage(req), ticket)
         return await run_job(request, job, req.stream)
