@@ -269,3 +269,19 @@ def test_window_matters_for_the_reference():
     finally:
         model.config.sliding_window = WINDOW
     assert out[0, len(prompt) :].tolist()[: len(windowed)] != windowed
+
+
+def test_parallel_samples_of_a_prompt_longer_than_the_window_share_and_free_cleanly():
+    """n=3 samples of a 70-token prompt on a model windowed to 20 on every layer: the fork skips the blocks
+    freed before the window (NULL_BLOCK), each sample equals the same seed run alone, and every block comes
+    back (reference counts never negative, none held after the requests finish)."""
+    llm, _ = engine_outputs("mistral_window", [], num_kv_blocks=40, enable_prefix_caching=True)
+    prompt = prompts(lengths=(70,), seed=21)[0]
+    params = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=12)
+    out = llm.generate([prompt], params)[0]
+    assert len(out.outputs) == 3 and llm.stats().num_kv_blocks_freed_by_window_total > 0
+    for i, sample in enumerate(out.outputs):
+        alone = llm.generate([prompt], SamplingParams(temperature=1.0, seed=5 + i, max_tokens=12))[0]
+        assert sample.token_ids == alone.outputs[0].token_ids
+    assert min(llm.llm_engine.block_manager.ref_counts) >= 0
+    assert_engine_clean(llm)

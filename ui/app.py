@@ -116,15 +116,17 @@ def build_demo(ctx: AppContext) -> gr.Blocks:
 def build_server(ctx: AppContext) -> FastAPI:
     """One FastAPI app: the OpenAI-compatible API of the shared engine, with the UI mounted at /.
 
-    With an API key, /v1 and /metrics need it; the UI and /health do not."""
+    With an API key, the API (/v1, /metrics, /tokenize, /detokenize, /tokenizer_info, /version) needs it;
+    the UI and /health do not."""
     from backend.server import build_app
+    from backend.server.app import API_PATHS
     from backend.server.upload_limits import UploadLimitMiddleware
 
     policy = ctx.policy
     app = build_app(
         engine_provider=ctx.holder.get,
         api_key=ctx.api_key,
-        key_prefixes=("/v1", "/metrics"),
+        key_prefixes=API_PATHS,
         expose_prefix_cache=not policy.is_public,
         max_tokens_limit=policy.max_tokens if policy.is_public else None,
         max_input_tokens=policy.max_input_tokens if policy.is_public else None,

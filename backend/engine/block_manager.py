@@ -12,6 +12,11 @@ With a sliding_window (every layer of the model windowed: sliding_window.freeabl
 sequence gives back the blocks wholly before its next token's window (free_skipped_blocks, vLLM's
 remove_skipped_blocks); their entries in its block table become NULL_BLOCK, which no kernel reads. They
 were cached like any full block, so a later prompt with the same prefix still finds them until evicted.
+
+Parallel samples (SamplingParams.n) fork their prompt's block table: every block gains a reference. A
+sequence about to write into a block others still hold (the prompt's last, partial block) first gets a
+copy of it (copy-on-write, as in the PagedAttention paper); the copies to make before the step's forward
+pass are taken with take_copies(). Full blocks are never written again, so they stay shared.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ class BlockManager:
         self.free_blocks: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens found
+        self.pending_copies: list[tuple[int, int]] = []  # (source, destination) blocks, copy-on-write
 
     @property
     def num_free_blocks(self) -> int:
@@ -74,9 +80,34 @@ class BlockManager:
         return self.num_blocks - len(self.free_blocks)
 
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
-        """New blocks seq needs to hold num_tokens more tokens after its computed ones."""
+        """New blocks seq needs to hold num_tokens more tokens after its computed ones (a copy of a
+        shared block it writes into included)."""
         total = -(-(seq.num_computed_tokens + num_tokens) // self.block_size)
-        return max(0, total - len(seq.block_table))
+        copy = 1 if num_tokens > 0 and self._writes_shared_block(seq) else 0
+        return max(0, total - len(seq.block_table)) + copy
+
+    def _writes_shared_block(self, seq: Sequence) -> bool:
+        """The block of seq's next token is partly filled and held by another sequence too."""
+        index, offset = divmod(seq.num_computed_tokens, self.block_size)
+        if offset == 0 or index >= len(seq.block_table):
+            return False
+        block_id = seq.block_table[index]
+        return block_id != NULL_BLOCK and self.ref_counts[block_id] > 1
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """child shares parent's computed blocks (a parallel sample of the same prompt)."""
+        assert not child.block_table and parent.num_computed_tokens > 0
+        for block_id in parent.block_table:
+            if block_id != NULL_BLOCK:  # freed before every window: nothing to share
+                self.ref_counts[block_id] += 1
+        child.block_table = list(parent.block_table)
+        child.block_hashes = list(parent.block_hashes)
+        child.num_computed_tokens = parent.num_computed_tokens
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The (source, destination) block copies to make before the step's forward pass."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
 
     def can_allocate(self, num_blocks: int) -> bool:
         return num_blocks <= len(self.free_blocks)
@@ -117,15 +148,27 @@ class BlockManager:
             self.prefix_cache_hits += num_hits
 
     def allocate(self, seq: Sequence, num_blocks: int) -> None:
+        """Give seq num_blocks blocks (blocks_needed): first the copy of a shared block it writes into."""
+        if num_blocks and self._writes_shared_block(seq):
+            index = seq.num_computed_tokens // self.block_size
+            source, copy = seq.block_table[index], self._new_block()
+            self.ref_counts[source] -= 1  # others still hold it: never 0 here
+            seq.block_table[index] = copy
+            self.pending_copies.append((source, copy))
+            num_blocks -= 1
         for _ in range(num_blocks):
-            block_id = next(iter(self.free_blocks))
-            old = self.cached[block_id]
-            if old is not None:  # evict the cached content
-                if self.hash_to_block.get(old.block_hash) == block_id:
-                    del self.hash_to_block[old.block_hash]
-                self.cached[block_id] = None
-            self._take(block_id)
-            seq.block_table.append(block_id)
+            seq.block_table.append(self._new_block())
+
+    def _new_block(self) -> int:
+        """Take the free block evicted first, dropping the cached content it still holds."""
+        block_id = next(iter(self.free_blocks))
+        old = self.cached[block_id]
+        if old is not None:
+            if self.hash_to_block.get(old.block_hash) == block_id:
+                del self.hash_to_block[old.block_hash]
+            self.cached[block_id] = None
+        self._take(block_id)
+        return block_id
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register the blocks of seq that became full and computed this step (each after its parent)."""
