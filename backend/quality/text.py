@@ -47,10 +47,22 @@ class TextChunks:
         return len(self.chunks) * self.tokens_per_chunk
 
 
+def shipped_text() -> str:
+    """The shipped text without its header (the leading '#' lines stating its source and licence, and the
+    blank line after them)."""
+    lines = DEFAULT_TEXT.read_text(encoding="utf-8").splitlines(keepends=True)
+    start = 0
+    while start < len(lines) and lines[start].startswith("#"):
+        start += 1
+    while start < len(lines) and not lines[start].strip():
+        start += 1
+    return "".join(lines[start:])
+
+
 def read_text(path: str | None) -> tuple[str, str]:
-    """(text, source): the shipped text by default, else the user's UTF-8 file."""
+    """(text, source): the shipped text by default, else the user's UTF-8 file (scored whole)."""
     if path is None:
-        return DEFAULT_TEXT.read_text(encoding="utf-8"), DEFAULT_TEXT_SOURCE
+        return shipped_text(), DEFAULT_TEXT_SOURCE
     file = Path(path).expanduser()
     if not file.is_file():
         raise UserError(
