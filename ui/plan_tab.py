@@ -209,6 +209,46 @@ def with_checkpoint(plan: dict[str, Any] | None, checkpoint: str) -> dict[str, A
     return {**plan, "checkpoint": (checkpoint or "").strip() or None} if plan else plan
 
 
+def quality_view(model: str) -> str:
+    """The measured-quality panel for the model: its cached figures, or how to get them."""
+    from backend.quality.plan_figures import view
+
+    try:
+        return view(str(model or "").strip())
+    except Exception as exc:  # an unreadable model folder or cache: say so, keep the tab alive
+        return f"Measured quality: {describe(exc)}"
+
+
+def measure_quality(model: str, progress: Any = None) -> str:
+    """Run the measurement for a local model (cached), then show it."""
+    from backend.quality.plan_figures import measure, table_markdown
+
+    def report(done: int, total: int, label: str) -> None:
+        if progress is not None:
+            progress(done / max(total, 1), desc=f"{label}: {done}/{total} chunks")
+
+    try:
+        return table_markdown(measure(str(model or "").strip(), report))
+    except Exception as exc:  # a model the engine cannot load, a bad spec: the message, not a crash
+        return f"Measured quality failed: {describe(exc)}"
+
+
+def quality_panel(ctx: AppContext, model: gr.Dropdown) -> gr.Markdown:
+    """Measured quality of the quantizations the engine offers for a local model (backend/quality)."""
+    with gr.Accordion("Measured quality on this machine (local models)", open=True, elem_id="plan-quality"):
+        table = gr.Markdown(elem_id="plan-quality-table")
+        run = gr.Button(
+            "Measure quality", elem_id="plan-quality-run", visible=not ctx.policy.is_public
+        )  # a public app runs no models for visitors
+
+    def on_measure(name: str, progress: gr.Progress = gr.Progress()) -> str:  # noqa: B008 (Gradio's idiom)
+        return measure_quality(name, progress)
+
+    run.click(on_measure, model, table, concurrency_limit=1)
+    model.change(quality_view, model, table, show_progress="hidden")
+    return table
+
+
 @dataclass(slots=True)
 class PlanPanel:
     """What the app wires to other tabs: the plan state and the "Launch this plan here" controls."""
@@ -309,6 +349,7 @@ def build(ctx: AppContext, demo: gr.Blocks) -> PlanPanel:
             memory = gr.Plot(label="Memory per GPU", elem_id="plan-memory")
     compare = gr.Plot(label="GPU comparison", elem_id="plan-compare")
     recommendation = gr.Markdown(elem_id="plan-recommendation")
+    quality = quality_panel(ctx, form["model"])
 
     outputs = [badge, kpis, memory, compare, recommendation, message_box, plan_state]
 
@@ -323,5 +364,7 @@ def build(ctx: AppContext, demo: gr.Blocks) -> PlanPanel:
     for control in (form["model"], form["quant"]):
         control.change(checkpoint_hint, [form["model"], form["quant"]], checkpoint, show_progress="hidden")
     search.click(search_hub, query, [form["model"], message_box])
-    demo.load(on_change, set(form.values()), outputs).then(hub_status, None, [hub, query, search])
+    demo.load(on_change, set(form.values()), outputs).then(hub_status, None, [hub, query, search]).then(
+        quality_view, form["model"], quality, show_progress="hidden"
+    )
     return PlanPanel(plan_state, launch_here, verdict, alternative)
