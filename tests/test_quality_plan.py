@@ -61,3 +61,15 @@ def test_a_dense_models_measurement_is_cached_and_equals_app_py_quality(tmp_path
     # a changed checkpoint is a cache miss
     (tmp_path / "dense" / "config.json").touch()
     assert plan_figures.cached(dense, CTX, CHUNKS) is None
+
+
+def test_a_public_app_measures_nothing_and_names_no_path(tmp_path):
+    from types import SimpleNamespace
+
+    from backend.public_policy import PublicPolicy
+
+    ctx = SimpleNamespace(policy=PublicPolicy(is_public=True), default_model="/bundled/model.gguf")
+    dense = tiny_dense_model(tmp_path / "dense")
+    assert "local paths and files are not allowed" in plan_tab.quality_view(dense, ctx)
+    assert "Not measured yet" in plan_tab.quality_view(dense)  # the owner's app names paths
+    assert "shows cached figures only" in plan_tab.measure_quality(dense, ctx=ctx)
