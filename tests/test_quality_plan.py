@@ -56,8 +56,8 @@ def test_a_dense_models_measurement_is_cached_and_equals_app_py_quality(tmp_path
     assert 0 < fp16["kld_mean"] < bf16["kld_mean"]  # fp16 keeps 3 more mantissa bits than bf16
     assert fp8_kv["kld_mean"] > 0 and data["models"][2]["kv_cache_dtype"] == "fp8"
     table = plan_figures.table_markdown(data)
-    assert "| fp32 (reference) | float32 weights, KV auto |" in table
-    assert f"| bf16 | bfloat16 weights, KV auto | {bf16['ppl']:.3f} |" in table
+    assert "| fp32 (reference) | float32 weights, KV float32 |" in table
+    assert f"| bf16 | bfloat16 weights, KV bfloat16 | {bf16['ppl']:.3f} |" in table
     # a changed checkpoint is a cache miss
     (tmp_path / "dense" / "config.json").touch()
     assert plan_figures.cached(dense, CTX, CHUNKS) is None

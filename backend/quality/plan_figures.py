@@ -155,7 +155,8 @@ def table_markdown(data: dict[str, Any]) -> str:
 
 def runs_as(info: dict[str, Any]) -> str:
     weights = info["quantization"] or f"{info['dtype']} weights"
-    return f"{weights}, KV {info['kv_cache_dtype']}"
+    kv = info["dtype"] if info["kv_cache_dtype"] == "auto" else info["kv_cache_dtype"]  # auto = dtype
+    return f"{weights}, KV {kv}"
 
 
 def view(name: str) -> str:

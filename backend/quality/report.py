@@ -39,7 +39,8 @@ HEADERS = ["model", "how it ran", "PPL", "ln(PPL/PPL ref)", "mean KLD", "median 
 
 def how_it_ran(info: ModelInfo) -> str:
     weights = info.quantization or f"{info.dtype} weights"
-    return f"{weights}; KV {info.kv_cache_dtype}; {info.weights_bytes / GIB:.3f} GiB"
+    kv = info.dtype if info.kv_cache_dtype == "auto" else info.kv_cache_dtype  # auto = the dtype
+    return f"{weights}; KV {kv}; {info.weights_bytes / GIB:.3f} GiB"
 
 
 def format_table(report: QualityReport) -> str:
