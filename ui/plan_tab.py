@@ -245,17 +245,17 @@ def quality_panel(ctx: AppContext, model: gr.Dropdown) -> tuple[gr.Markdown, Any
     """Measured quality of the quantizations the engine offers for a local model (backend/quality)."""
     with gr.Accordion("Measured quality on this machine (local models)", open=True, elem_id="plan-quality"):
         table = gr.Markdown(elem_id="plan-quality-table")
-        run = gr.Button(
-            "Measure quality", elem_id="plan-quality-run", visible=not ctx.policy.is_public
-        )  # a public app runs no models for visitors
+        if not ctx.policy.is_public:  # measuring runs models on the host: not even wired on a public app
+            run = gr.Button("Measure quality", elem_id="plan-quality-run")
 
-    def on_measure(name: str, progress: gr.Progress = gr.Progress()) -> str:  # noqa: B008 (Gradio's idiom)
-        return measure_quality(name, progress, ctx)
+            def on_measure(name: str, progress: gr.Progress = gr.Progress()) -> str:  # noqa: B008 (Gradio)
+                return measure_quality(name, progress, ctx)
+
+            run.click(on_measure, model, table, concurrency_limit=1)
 
     def on_view(name: str) -> str:
         return quality_view(name, ctx)
 
-    run.click(on_measure, model, table, concurrency_limit=1)
     model.change(on_view, model, table, show_progress="hidden")
     return table, on_view
 
