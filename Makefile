@@ -12,13 +12,24 @@ VLLM_VENV := .venv-vllm
 VLLM_VERSION := 0.32.0
 VLLM_HASH := $(shell cat requirements-vllm.txt | sha256sum | cut -c1-16)
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-$(VLLM_HASH)
+# llama.cpp as llama-cpp-python's sdist vendors it: its GGUF converter (with its own gguf-py) for the
+# tests, and llama-bench / llama-batched-bench / llama-quantize (make llama-cpp) for the benchmarks.
+LLAMA_CPP_PYTHON := 0.3.36
+LLAMA_SDIST_SHA256 := 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+LLAMA_DIR := .cache/llama.cpp
+LLAMA_SDIST := $(LLAMA_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz
+LLAMA_SRC := $(LLAMA_DIR)/src-$(LLAMA_CPP_PYTHON)
+LLAMA_SRC_STAMP := $(LLAMA_SRC)/.unpacked
+LLAMA_BUILD := $(LLAMA_DIR)/build-$(LLAMA_CPP_PYTHON)
+LLAMA_TOOLS := llama-bench llama-batched-bench llama-quantize
+LLAMA_JOBS ?= $(shell nproc)
 
-.PHONY: run test lint format install install-dev vllm
+.PHONY: run test lint format install install-dev vllm llama-cpp-src llama-cpp
 
 run: $(RUN_STAMP)
 	$(PY) app.py $(ARGS)
 
-test: $(DEV_STAMP) $(VLLM_STAMP)
+test: $(DEV_STAMP) $(VLLM_STAMP) $(LLAMA_SRC_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(DEV_STAMP)
@@ -33,6 +44,8 @@ format: $(DEV_STAMP)
 install: $(RUN_STAMP)
 install-dev: $(DEV_STAMP)
 vllm: $(VLLM_STAMP)
+llama-cpp-src: $(LLAMA_SRC_STAMP)
+llama-cpp: $(LLAMA_BUILD)/.built
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -64,4 +77,23 @@ $(VLLM_STAMP):
 		> "$$site/vllm-$(VLLM_VERSION)+cpu.dist-info/METADATA"
 	$(VLLM_VENV)/bin/vllm --version | grep -q '$(VLLM_VERSION)+cpu'
 	rm -f $(VLLM_VENV)/.installed-vllm-*
+	touch $@
+
+# The converter needs only Python (numpy, torch, transformers, sentencepiece from requirements-dev.txt);
+# tests run it with the vendored gguf-py first on PYTHONPATH (it is newer than the gguf wheel we pin).
+$(LLAMA_SDIST): | $(PY)
+	mkdir -p $(LLAMA_DIR)
+	$(PY) -m pip download --no-deps --no-binary :all: -d $(LLAMA_DIR) llama-cpp-python==$(LLAMA_CPP_PYTHON)
+	echo "$(LLAMA_SDIST_SHA256)  $@" | sha256sum -c -
+
+$(LLAMA_SRC_STAMP): $(LLAMA_SDIST)
+	rm -rf $(LLAMA_SRC) && mkdir -p $(LLAMA_SRC)
+	tar xzf $(LLAMA_SDIST) -C $(LLAMA_SRC) --strip-components=3 llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
+	touch $@
+
+# CPU only, tuned for this machine (GGML_NATIVE); about 20 minutes on 2 cores. No test needs it.
+$(LLAMA_BUILD)/.built: $(LLAMA_SRC_STAMP)
+	cmake -S $(LLAMA_SRC) -B $(LLAMA_BUILD) -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+		-DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
+	cmake --build $(LLAMA_BUILD) -j $(LLAMA_JOBS) --target $(LLAMA_TOOLS)
 	touch $@

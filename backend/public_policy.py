@@ -1,15 +1,18 @@
 """PublicPolicy: what a visitor of a publicly hosted app may load, fetch, control and ask for.
 
 One dataclass, read once from the command line and the environment, checked at every boundary a visitor
-reaches (each Gradio handler is a public API, so the handlers check it, not only the page). Local mode
-(`PublicPolicy()`) allows everything, as before. Public mode is on with `python app.py --public`,
-`PLAYGROUND_PUBLIC=1`, or when a Hugging Face Space's variables (`SPACE_ID`) are present.
+reaches (each Gradio handler is a public API, so the handlers check it, not only the page; handlers a
+visitor must never reach are not registered at all in public mode). Local mode (`PublicPolicy()`) allows
+everything. Public mode is on with `python app.py --public`, `PLAYGROUND_PUBLIC=1`, on a Hugging Face
+Space (its variables, `SPACE_ID`), and whenever the app is exposed: `--share`, or a `--host` other than
+loopback, unless its owner says `--unsafe-local`.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import hmac
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -64,15 +67,30 @@ class PublicPolicy:
     max_concurrency: int = _limit(8, "PLAYGROUND_MAX_CONCURRENCY")  # of a benchmark
     max_load_requests: int = _limit(32, "PLAYGROUND_MAX_LOAD_REQUESTS")  # the chat's load button
     max_tokens: int = _limit(512, "PLAYGROUND_MAX_TOKENS")  # output of a chat, load or benchmark request
-    max_input_tokens: int = _limit(2048, "PLAYGROUND_MAX_INPUT_TOKENS")  # a benchmark request's prompt
+    max_input_tokens: int = _limit(2048, "PLAYGROUND_MAX_INPUT_TOKENS")  # a /v1, Chat or benchmark prompt
+    # each client's share of the engine's 256-request waiting queue: the load button's 32 fit in it
+    max_client_waiting: int = _limit(32, "PLAYGROUND_MAX_CLIENT_WAITING")
+    max_upload_mb: float = _limit(1.0, "PLAYGROUND_MAX_UPLOAD_MB")  # one file sent to Gradio's upload
+    max_uploads: int = _limit(16, "PLAYGROUND_MAX_UPLOADS")  # files per client per hour
+    # trusted proxies in front (a Space's is one): the client is the address they add to X-Forwarded-For
+    forwarded_hops: int = _limit(0, "PLAYGROUND_FORWARDED_HOPS")
 
     @classmethod
-    def from_env(cls, public: bool = False, environ: Mapping[str, str] | None = None) -> PublicPolicy:
-        """Public when asked (--public, PLAYGROUND_PUBLIC=1) or on a Space; limits from PLAYGROUND_*."""
+    def from_env(
+        cls,
+        public: bool = False,
+        environ: Mapping[str, str] | None = None,
+        exposed_by: str | None = None,
+        unsafe_local: bool = False,
+    ) -> PublicPolicy:
+        """Public when asked (--public, PLAYGROUND_PUBLIC=1), on a Space, or when ``exposed_by`` names
+        how others can reach the app (exposure()) and the owner did not say ``unsafe_local``; limits
+        from PLAYGROUND_*."""
         env = os.environ if environ is None else environ
         forced = env.get("PLAYGROUND_PUBLIC", "").strip().lower() in ("1", "true", "yes")
         on_space = any(env.get(name) for name in SPACE_VARIABLES)
-        if not (public or forced or on_space):
+        exposed = exposed_by is not None and not unsafe_local
+        if not (public or forced or on_space or exposed):
             return cls()
         urls = tuple(u.strip() for u in env.get("PLAYGROUND_ALLOWED_URLS", "").split(",") if u.strip())
         limits: dict[str, Any] = {
@@ -85,6 +103,10 @@ class PublicPolicy:
     @property
     def max_model_bytes(self) -> int:
         return int(self.max_model_gb * GB)
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return int(self.max_upload_mb * 1024 * 1024)
 
     def describe(self) -> str:
         """One line for the startup banner: the mode and what it locks."""
@@ -151,6 +173,36 @@ class PublicPolicy:
             variable = next(f.metadata["env"] for f in fields(self) if f.name == knob)
             raise Forbidden(f"{name} must be at most {maximum} on this public app ({variable}), got {value}")
         return value
+
+
+def exposure(host: str, share: bool) -> str | None:
+    """How others can reach an app bound to ``host`` (with a share link or not), or None when only this
+    machine can: loopback addresses and "localhost"; any other name or address is reachable."""
+    if share:
+        return "--share (a public gradio.live link)"
+    if host == "localhost":
+        return None
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:  # a host name: it resolves to whatever the network says
+        pass
+    return f"--host {host} (other machines can connect)"
+
+
+def exposure_notice(exposed_by: str | None, policy: PublicPolicy) -> str | None:
+    """The startup warning about exposure, either way; None on loopback."""
+    if exposed_by is None:
+        return None
+    if policy.is_public:
+        return (
+            f"* Exposed by {exposed_by}: public mode is on (visitors get its limits). Only on a network "
+            "you trust, --unsafe-local keeps local mode."
+        )
+    return (
+        f"* WARNING: exposed by {exposed_by} in local mode (--unsafe-local): whoever reaches it may load "
+        "any model or local path, start engines, and fetch any URL from this machine."
+    )
 
 
 def hub_model_info(repo_id: str, **kwargs: Any) -> Any:

@@ -4,9 +4,12 @@ Local mode fetches any http(s) URL. Public mode allows the app's own `/v1` and `
 the owner lists (PLAYGROUND_ALLOWED_URLS, trusted as written), and, when the owner lists `*`, any URL
 whose host resolves only to public addresses: never loopback, private, link-local, shared (CGNAT),
 multicast or reserved ones, however they are spelled (`127.1`, `2130706433`, `0x7f.1`,
-`[::ffff:127.0.0.1]`, 6to4/NAT64 wrappings). The check runs inside the HTTP transport, so it covers
-every request a client makes; the connection goes to the address that was checked (no second DNS
-lookup for a rebinding server to answer differently), and redirects are refused, not followed.
+`[::ffff:127.0.0.1]`, `[::ffff:0:127.0.0.1]`, 6to4, Teredo and NAT64 wrappings); IPv4-compatible
+(`[::127.0.0.1]`), local-use NAT64 (64:ff9b:1::/48) and site-local (fec0::/10) addresses are never
+public. The check runs inside the HTTP transport, so it covers every request a client makes; the
+connection goes to the address that was checked (no second DNS lookup for a rebinding server to answer
+differently), redirects are refused, not followed, and a response body larger than MAX_RESPONSE_BYTES
+is cut off with an error while it is read.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -22,7 +27,15 @@ from backend.errors import UserError
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 NAT64 = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052: the well-known prefix wraps an IPv4 address
+SIIT = ipaddress.ip_network("::ffff:0:0:0/96")  # RFC 2765: IPv4-translated addresses wrap one too
+NEVER_PUBLIC = (
+    ipaddress.ip_network("::/96"),  # IPv4-compatible (RFC 4291 2.5.5.1, deprecated): ::127.0.0.1
+    ipaddress.ip_network("64:ff9b:1::/48"),  # local-use NAT64 (RFC 8215): maps to a private network
+    ipaddress.ip_network("fec0::/10"),  # site-local (RFC 3879, deprecated)
+)
 OWN_PATHS = ("/metrics", "/v1")
+# A /metrics page is ~100 kB, a benchmark reply a few kB: a larger body is not what we asked for
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 
 class UnsafeURLError(UserError):
@@ -33,8 +46,10 @@ def is_public_address(text: str) -> bool:
     """True for a globally routable unicast address; IPv4 wrapped in IPv6 is judged as the IPv4 inside."""
     address = ipaddress.ip_address(text.split("%", 1)[0])
     if isinstance(address, ipaddress.IPv6Address):
+        if any(address in network for network in NEVER_PUBLIC):
+            return False
         inner = address.ipv4_mapped or address.sixtofour or (address.teredo[1] if address.teredo else None)
-        if inner is None and address in NAT64:
+        if inner is None and (address in NAT64 or address in SIIT):
             inner = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
         if inner is not None:
             return is_public_address(str(inner))
@@ -110,6 +125,18 @@ class URLGuard:
             )
         return response
 
+    def too_large(self, request: httpx.Request, size: int | str) -> UnsafeURLError:
+        return UnsafeURLError(
+            f"{request.url} sent a response body of {size} bytes; this public app reads at most "
+            f"{MAX_RESPONSE_BYTES:,} bytes of one response"
+        )
+
+    def check_length(self, request: httpx.Request, response: httpx.Response) -> None:
+        """A declared Content-Length over the limit is refused before any byte is read."""
+        length = response.headers.get("content-length", "")
+        if length.isdigit() and int(length) > MAX_RESPONSE_BYTES:
+            raise self.too_large(request, f"{int(length):,}")
+
     def transport(self) -> httpx.BaseTransport | None:
         """The checking transport in public mode; None (httpx's own, proxies from the environment) locally."""
         return GuardedTransport(self) if self.is_public else None
@@ -136,7 +163,14 @@ class GuardedTransport(httpx.HTTPTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         _pin(request, self.guard.check(request.url))
-        return self.guard.checked_response(request, super().handle_request(request))
+        response = self.guard.checked_response(request, super().handle_request(request))
+        try:
+            self.guard.check_length(request, response)
+        except UnsafeURLError:
+            response.close()
+            raise
+        response.stream = LimitedStream(response.stream, self.guard, request)
+        return response
 
 
 class AsyncGuardedTransport(httpx.AsyncHTTPTransport):
@@ -149,4 +183,45 @@ class AsyncGuardedTransport(httpx.AsyncHTTPTransport):
         response = await super().handle_async_request(request)
         if self.guard.is_public and response.has_redirect_location:
             await response.aclose()
-        return self.guard.checked_response(request, response)
+        response = self.guard.checked_response(request, response)
+        try:
+            self.guard.check_length(request, response)
+        except UnsafeURLError:
+            await response.aclose()
+            raise
+        response.stream = AsyncLimitedStream(response.stream, self.guard, request)
+        return response
+
+
+class LimitedStream(httpx.SyncByteStream):
+    """A response body that raises UnsafeURLError once it passes MAX_RESPONSE_BYTES."""
+
+    def __init__(self, stream: Any, guard: URLGuard, request: httpx.Request) -> None:
+        self.stream, self.guard, self.request = stream, guard, request
+
+    def __iter__(self) -> Iterator[bytes]:
+        seen = 0
+        for chunk in self.stream:
+            seen += len(chunk)
+            if seen > MAX_RESPONSE_BYTES:
+                raise self.guard.too_large(self.request, f"more than {MAX_RESPONSE_BYTES:,}")
+            yield chunk
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+class AsyncLimitedStream(httpx.AsyncByteStream):
+    def __init__(self, stream: Any, guard: URLGuard, request: httpx.Request) -> None:
+        self.stream, self.guard, self.request = stream, guard, request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        seen = 0
+        async for chunk in self.stream:
+            seen += len(chunk)
+            if seen > MAX_RESPONSE_BYTES:
+                raise self.guard.too_large(self.request, f"more than {MAX_RESPONSE_BYTES:,}")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()

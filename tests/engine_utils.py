@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-ARCHITECTURES = ("llama", "llama_mqa_tied", "llama3_rope", "mistral", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "llama_mqa_tied", "llama3_rope", "mistral", "qwen2", "qwen3", "granite")
 # varied lengths around block boundaries (block_size 16 in most tests)
 PROMPT_LENGTHS = (1, 5, 16, 17, 33, 70)
 _ROOT = Path(tempfile.mkdtemp(prefix="engine-tests-"))
@@ -33,7 +33,7 @@ def tokenizer_dir() -> str:
 
 
 def _config(arch: str, vocab_size: int):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import GraniteConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common = dict(
         vocab_size=vocab_size,
@@ -68,6 +68,11 @@ def _config(arch: str, vocab_size: int):
         return Qwen2Config(**common)
     if arch == "qwen3":
         return Qwen3Config(**common | dict(head_dim=32))
+    if arch == "granite":  # tied, as Granite 3.x is, and every multiplier away from 1
+        # (granite-3.0-2b's 12 and 0.22 make this random model repeat one token: a test that shows little)
+        multipliers = dict(embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=4.0)
+        multipliers |= dict(attention_multiplier=0.2, tie_word_embeddings=True)
+        return GraniteConfig(**common | multipliers)
     raise ValueError(arch)
 
 

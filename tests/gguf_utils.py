@@ -1,13 +1,18 @@
-"""Tiny random Llama GGUF files in any mix of block types, written with gguf-py (the library llama.cpp's
+"""GGUF files for the tests: written by llama.cpp's own tools (convert_hf_to_gguf.py from a saved tiny
+transformers model, then gguf-py's reference quantizer or llama-quantize; see the end of this file), or
+tiny random Llama GGUF files in any mix of block types, written with gguf-py (the library llama.cpp's
 converter uses), with the default model's real tokenizer and chat template copied in, cut to its first
 VOCAB tokens and the merges that make them (merge i makes token 252 + i), so that it loads in a second.
 
 Q4_0, Q4_1, Q8_0 and Q5_0 tensors are quantized from random fp32 weights by gguf-py's own quantizer;
-gguf-py has no quantizer for the K-types, so Q4_K and Q6_K tensors are random blocks with small scales:
+gguf-py has no quantizer for the K-types, so Q4_K, Q6_K (and MXFP4) are random blocks with small scales:
 valid blocks in the published layout (every byte pattern decodes)."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +39,8 @@ def random_blocks(qtype: GGMLQuantizationType, rows: int, cols: int, rng: np.ran
         blocks[:, :, 0:4] = scales
     elif qtype == Q.Q6_K:  # d last (values below 6e-5 exercise half subnormals)
         blocks[:, :, 208:210] = scales[..., :2]
+    elif qtype == Q.MXFP4:  # E8M0 exponent first: 2^-8 .. 2^-4 with E2M1 values up to 12 (ggml's doubled)
+        blocks[:, :, 0] = rng.integers(120, 125, (rows, cols // size))
     else:
         raise ValueError(f"no random blocks for {qtype.name}")
     return blocks.reshape(rows, -1)
@@ -97,3 +104,94 @@ def write_tiny_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+# --- GGUF files written by llama.cpp's own tools, from the llama-cpp-python sdist (`make llama-cpp-src`)
+
+REPO = Path(__file__).resolve().parent.parent
+CONVERTER_TYPES = ("f32", "f16", "bf16", "q8_0")  # what convert_hf_to_gguf.py --outtype writes
+
+
+def llama_cpp_dir(kind: str = "src") -> Path:
+    """.cache/llama.cpp/<kind>-<version> (the version the Makefile pins): src (make llama-cpp-src, part of
+    make test) or build (make llama-cpp: llama-bench, llama-batched-bench, llama-quantize)."""
+    version = re.search(r"^LLAMA_CPP_PYTHON := (\S+)$", (REPO / "Makefile").read_text(), re.MULTILINE)
+    assert version, "the Makefile pins LLAMA_CPP_PYTHON"
+    folder = REPO / ".cache" / "llama.cpp" / f"{kind}-{version.group(1)}"
+    stamp = folder / (".unpacked" if kind == "src" else ".built")
+    if not stamp.is_file():
+        target = "llama-cpp-src" if kind == "src" else "llama-cpp"
+        raise RuntimeError(f"llama.cpp's {kind} is not at {folder}: run `make {target}` first")
+    return folder
+
+
+_CONVERT_EACH = """import os, runpy, sys
+converter, folder, *pairs = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(converter))  # its conversion/ package, as `python converter` would
+for outtype, out in zip(pairs[::2], pairs[1::2]):
+    sys.argv = [converter, folder, "--outtype", outtype, "--outfile", out]
+    runpy.run_path(converter, run_name="__main__")
+"""
+
+
+def convert_hf_to_gguf(folder: str | Path, *outtypes: str) -> dict[str, Path]:
+    """{outtype: <folder>-<OUTTYPE>.gguf}, written by llama.cpp's convert_hf_to_gguf.py (which puts its own,
+    newer gguf-py first on sys.path) in one subprocess of this Python; each file written once, then reused."""
+    if unknown := [t for t in outtypes if t not in CONVERTER_TYPES]:
+        raise ValueError(f"the converter writes {', '.join(CONVERTER_TYPES)}; got {unknown}")
+    folder = Path(folder)
+    outs = {outtype: folder.parent / f"{folder.name}-{outtype.upper()}.gguf" for outtype in outtypes}
+    missing = [arg for outtype, out in outs.items() if not out.is_file() for arg in (outtype, str(out))]
+    if missing:
+        converter = llama_cpp_dir() / "convert_hf_to_gguf.py"
+        command = [sys.executable, "-c", _CONVERT_EACH, str(converter), str(folder), *missing]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        if result.returncode != 0:
+            for out in outs.values():
+                out.unlink(missing_ok=True)
+            raise RuntimeError(f"convert_hf_to_gguf.py failed on {folder}:\n{result.stderr[-3000:]}")
+    return outs
+
+
+def requantize(path: Path, qtype: GGMLQuantizationType) -> Path:
+    """The file with every F32/F16 matrix (2-D, or 3-D stacked experts) quantized to qtype by gguf-py's
+    reference quantizer (the rounding of llama.cpp's quantize_row_*_ref), as `llama-quantize --pure` does;
+    the router (ffn_gate_inp, never quantized by llama-quantize) and 1-D tensors stay as they are."""
+    out = path.with_name(path.name.replace(".gguf", f"-{qtype.name}.gguf"))
+    if out.is_file():
+        return out
+    source = GGUFReader(path)
+    writer = GGUFWriter(str(out), source.fields["general.architecture"].contents())
+    for key, field in source.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        sub_type = field.types[1] if len(field.types) > 1 else None
+        writer.add_key_value(key, field.contents(), field.types[0], sub_type)
+    for tensor in source.tensors:
+        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+        data = np.array(tensor.data)
+        matrix = len(shape) >= 2 and shape[-1] % GGML_QUANT_SIZES[qtype][0] == 0
+        if matrix and "ffn_gate_inp" not in tensor.name and tensor.tensor_type in (Q.F32, Q.F16):
+            writer.add_tensor(
+                tensor.name, quantize(data.astype(np.float32).reshape(shape), qtype), raw_dtype=qtype
+            )
+        else:
+            writer.add_tensor(tensor.name, data.reshape(shape), raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def llama_quantize(path: Path, type_name: str, *extra: str) -> Path:
+    """The file quantized by llama.cpp's llama-quantize (make llama-cpp) to type_name (Q4_0, Q4_K_M, ...)."""
+    out = path.with_name(path.name.replace(".gguf", f"-{type_name}.gguf"))
+    if not out.is_file():
+        binary = llama_cpp_dir("build") / "bin" / "llama-quantize"
+        result = subprocess.run(
+            [str(binary), *extra, str(path), str(out), type_name], capture_output=True, text=True
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"llama-quantize failed on {path}:\n{result.stderr[-3000:]}")
+    return out

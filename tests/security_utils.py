@@ -8,9 +8,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Canary:
-    """An HTTP server on 127.0.0.1 that answers 200 (or redirects to ``location``) and records each hit."""
+    """An HTTP server on 127.0.0.1 that answers 200 (or redirects to ``location``) and records each hit.
+    With ``body_bytes`` it answers that many bytes instead, with a Content-Length or (``declare_length``
+    False) without one, the body ending when the connection closes."""
 
-    def __init__(self, location: str | None = None) -> None:
+    def __init__(
+        self, location: str | None = None, body_bytes: int | None = None, declare_length: bool = True
+    ) -> None:
         self.hits: list[str] = []
         canary = self
 
@@ -23,11 +27,28 @@ class Canary:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
+                if body_bytes is not None:
+                    self.send_large(body_bytes)
+                    return
                 body = b"vllm:num_requests_running 0\n"
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+            def send_large(self, size: int) -> None:
+                self.send_response(200)
+                if declare_length:
+                    self.send_header("Content-Length", str(size))
+                else:
+                    self.close_connection = True
+                self.end_headers()
+                line = b"# " + b"x" * 1021 + b"\n"
+                try:
+                    for _ in range(size // len(line)):
+                        self.wfile.write(line)
+                except OSError:  # the client stopped reading: that is the point
+                    pass
 
             do_POST = do_GET
 
@@ -71,4 +92,8 @@ NON_PUBLIC_URLS = [
     "http://100.64.0.1/metrics",  # shared address space (CGNAT)
     "http://[fd00::1]/metrics",  # IPv6 unique local
     "http://[64:ff9b::7f00:1]/metrics",  # NAT64 wrapping of 127.0.0.1
+    "http://[::127.0.0.1]/metrics",  # IPv4-compatible (deprecated) 127.0.0.1
+    "http://[::ffff:0:7f00:1]/metrics",  # IPv4-translated (SIIT) 127.0.0.1
+    "http://[64:ff9b:1::a00:1]/metrics",  # local-use NAT64 prefix around 10.0.0.1
+    "http://[fec0::1]/metrics",  # site-local (deprecated)
 ]

@@ -156,3 +156,15 @@ def test_offline_column_runs_the_served_prompts_and_states_the_bar(served):
 def test_compare_cli_needs_two_targets(capsys):
     with pytest.raises(SystemExit, match="at least two"):
         app_main(["compare", "--target", "vllm"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("num_prompts", 10_001), ("max_concurrency", 1025), ("input_len", 200_000), ("output_len", 0)],
+)
+def test_a_comparison_is_bounded_whoever_asks(field, value):
+    """The CLI, the Compare tab and the Python API build the same Workload: bounded, public or not."""
+    with pytest.raises(ValueError, match=f"{field} must be in 1.."):
+        Workload(**{field: value})
+    with pytest.raises(ValueError, match="at most 16 concurrencies"):
+        split_runs(Workload(), list(range(1, 18)), warmup=0)

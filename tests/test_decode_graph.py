@@ -87,9 +87,10 @@ def joining_batch(vocab: int = 49152) -> tuple[list[list[int]], list[SamplingPar
     return batch, [greedy(n) for n in (12, 30, 7, 20, 9, 25)]
 
 
-def test_tiny_bf16_model_logits_equal_eager_as_batches_change():
+@pytest.mark.parametrize("arch", ["llama", "granite"])  # Granite: its multipliers folded into weights
+def test_tiny_bf16_model_logits_equal_eager_as_batches_change(arch):
     batch, params = joining_batch()
-    eager, captured, _ = run_both(tiny_model("llama")[0], batch, params, max_num_seqs=3)
+    eager, captured, _ = run_both(tiny_model(arch)[0], batch, params, max_num_seqs=3)
     sizes = set(captured["graph_steps"])
     assert {1, 2, 3} <= sizes, f"graph batch sizes {sorted(sizes)}"
     assert len(captured["graph_steps"]) < len(captured["logits"])  # prefill steps took the modules

@@ -76,7 +76,7 @@ def test_many_at_once_with_staggered_arrival(engines, arch):
 
 
 @pytest.mark.parametrize("budget", [1, 4, 16, 4096])
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "granite"])
 def test_chunked_prefill_token_budgets(arch, budget):
     llm = make_llm(arch, max_num_batched_tokens=budget)
     batch = prompts(seed=3)
@@ -90,9 +90,10 @@ def test_chunked_prefill_token_budgets(arch, budget):
     assert_engine_clean(llm)
 
 
-@pytest.mark.parametrize("enable_prefix_caching", [True, False])
-def test_prefix_caching_on_and_off(enable_prefix_caching):
-    arch = "qwen2"
+@pytest.mark.parametrize(
+    ("arch", "enable_prefix_caching"), [("qwen2", True), ("qwen2", False), ("granite", True)]
+)
+def test_prefix_caching_on_and_off(arch, enable_prefix_caching):
     llm = make_llm(arch, enable_prefix_caching=enable_prefix_caching)
     shared = prompts(lengths=(40,), seed=4)[0]
     batch = [shared + tail for tail in prompts(lengths=(3, 8, 20), seed=5)] + [shared]

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from backend.engine import LLM, SamplingParams, cpu_kernels
 from backend.engine.attention import write_kv_cache
-from backend.engine.models.llama import apply_rope
+from backend.engine.layers.rotary import apply_rope
 from tests.engine_utils import (
     ARCHITECTURES,
     assert_engine_clean,
@@ -93,7 +93,7 @@ def test_rope_and_cache_match_the_pytorch_path_exactly(dtype, tokens):
     expected_cache = [torch.zeros(shape, dtype=dtype) for _ in range(2)]
     heads_view = qkv.view(tokens, -1, head_dim)
     half = head_dim // 2
-    signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # as LlamaForCausalLM.forward builds it
+    signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # as RopeTables.at builds it
     rotated = apply_rope(heads_view[:, : heads + kv_heads], cos[positions, None], signed_sin[positions, None])
     write_kv_cache(rotated[:, heads:], heads_view[:, heads + kv_heads :], *expected_cache, slots)
     got_cache = [torch.zeros(shape, dtype=dtype) for _ in range(2)]

@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from backend.engine import LLM, SamplingParams, cpu_kernels
-from backend.engine.models.llama import MLP, Linear
+from backend.engine.layers.linear import Linear
+from backend.engine.layers.mlp import GatedMLP
 from tests.common_utils import ROOT
 from tests.engine_utils import assert_engine_clean, count_identical_within_top5, prompts, tiny_model
 from tests.gemm_utils import within_rounding
@@ -131,7 +132,7 @@ def test_amx_cpus_take_it_with_amx_tiles_and_the_switch_keeps_onednn(monkeypatch
 CHECK_BUILD = """
 import torch
 from backend.engine import cpu_kernels
-from backend.engine.models.llama import MLP, Linear
+from backend.engine.layers.linear import Linear
 from tests.gemm_utils import within_rounding
 torch.manual_seed(0)
 layer = Linear(96, 40, bias=True).bfloat16()
@@ -187,7 +188,7 @@ def test_bf16_engine_on_the_native_gemm_agrees_with_onednn(monkeypatch):
         llm = LLM(path, dtype="bfloat16", device="cpu", max_num_seqs=len(batch))
         layers = [m for m in llm.llm_engine.runner.model.modules() if isinstance(m, Linear)]
         assert all((m.native_weight is not None) is native for m in layers) and layers
-        mlps = [m for m in llm.llm_engine.runner.model.modules() if isinstance(m, MLP)]
+        mlps = [m for m in llm.llm_engine.runner.model.modules() if isinstance(m, GatedMLP)]
         assert all(m.fused_silu_and_mul is native for m in mlps) and mlps
         params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=5)
         outs = [out.outputs[0] for out in llm.generate(batch, params)]

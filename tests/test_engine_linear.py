@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from backend.engine import cpu_kernels
-from backend.engine.models import llama
-from backend.engine.models.llama import Linear
+from backend.engine.layers import linear
+from backend.engine.layers.linear import Linear
 from tests.gemm_utils import within_rounding
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -31,7 +31,7 @@ def test_every_prepared_layout_matches_linear(layout, rows, monkeypatch):
     elif not cpu_kernels.gemm_bf16_enabled():
         pytest.skip("this build or CPU does not serve Linear with gemm_bf16")
     if layout == "fp32_copy_of_bf16":
-        monkeypatch.setattr(llama, "cpu_has_fast_bf16", lambda: False)
+        monkeypatch.setattr(linear, "cpu_has_fast_bf16", lambda: False)
     dtype = torch.float32 if layout == "onednn_fp32" else torch.bfloat16
     layer, weight, bias = prepared(dtype, seed=rows)
     assert (layer.native_weight is not None) == (layout == "native_bf16")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -185,13 +186,20 @@ def test_hub_spec_with_mocked_hub(monkeypatch, tiny_llama_folder):
     monkeypatch.setattr(sources, "hub_unreachable_reason", lambda: None)
     monkeypatch.setattr(
         huggingface_hub,
+        "get_hf_file_metadata",  # the size of config.json, asked before it is downloaded
+        lambda url, token=None: SimpleNamespace(size=(tiny_llama_folder / "config.json").stat().st_size),
+    )
+    monkeypatch.setattr(
+        huggingface_hub,
         "hf_hub_download",
-        lambda repo, filename, revision=None: str(tiny_llama_folder / filename),
+        lambda repo, filename, revision=None, token=None: str(tiny_llama_folder / filename),
     )
     monkeypatch.setattr(
         huggingface_hub,
         "get_safetensors_metadata",
-        lambda repo, revision=None: huggingface_hub.get_local_safetensors_metadata(tiny_llama_folder),
+        lambda repo, revision=None, token=None: huggingface_hub.get_local_safetensors_metadata(
+            tiny_llama_folder
+        ),
     )
     _hub_spec.cache_clear()
     try:

@@ -51,9 +51,10 @@ def test_the_log_collection_is_varied_and_sourced():
     assert {r.vllm_version for r in counted} >= {"0.15.0", "0.16.0", "0.17.0", "0.18.0", "0.19.0"}
 
 
-@pytest.mark.parametrize("run", [r for r in RUNS if not r.excluded], ids=lambda r: r.id)
+@pytest.mark.parametrize("run", [r for r in RUNS if not r.excluded and r.split == "fit"], ids=lambda r: r.id)
 def test_each_published_run(run):
-    """Every verdict right; KV within 10% (1 GiB for pools under 20 GiB); weights within 2%."""
+    """Every fit run: verdict right; KV within 10% (1 GiB for pools under 20 GiB); weights within 2%. The
+    held-out split is judged as a whole (test_published_logs_meet_the_issue_targets_per_split)."""
     result = check_run(run)
     assert result.verdict_right, f"{run.source}: vLLM {'started' if run.logged['starts'] else 'refused'}"
     if result.kv_error is not None:
@@ -180,11 +181,15 @@ def test_non_torch_memory_follows_version_and_layout():
 
 
 def test_cuda_graph_estimate_comes_out_of_the_budget_from_0_21():
-    req = PlanRequest(model="meta-llama/Llama-3.1-8B-Instruct", max_model_len=8192, max_num_seqs=256)
+    req = PlanRequest(
+        model="meta-llama/Llama-3.1-8B-Instruct", max_model_len=8192, max_num_seqs=256, vllm_version="0.21.0"
+    )
     new, old = estimate(req), estimate(replace(req, vllm_version="0.20.1"))
     assert old.kv_cache_bytes - new.kv_cache_bytes == pytest.approx(new.cuda_graph_bytes, abs=16 * 131072)
     # vLLM 0.21.0's own estimate for Qwen3-8B with 256 sequences (LMCache/LMCache#3430): 0.52 GiB
-    qwen = estimate(PlanRequest(model="Qwen/Qwen3-8B", max_model_len=16384, max_num_seqs=256))
+    qwen = estimate(
+        PlanRequest(model="Qwen/Qwen3-8B", max_model_len=16384, max_num_seqs=256, vllm_version="0.21.0")
+    )
     assert qwen.cuda_graph_bytes / GIB == pytest.approx(0.52, abs=0.05)
 
 

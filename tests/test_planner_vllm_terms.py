@@ -74,9 +74,9 @@ def test_the_terms_add_up_to_the_kv_cache():
         terms = {t.name: t for t in est.memory_terms}
         left = terms["budget"].bytes - sum(t.bytes for t in est.memory_terms if t.subtracted)
         assert 0 <= left - est.kv_cache_bytes < est.kv_bytes_per_token * 16 + 1, run_id
-    newest = estimate(PlanRequest(model="Qwen/Qwen3-8B", max_model_len=8192))
-    graphs = {t.name: t for t in newest.memory_terms}["CUDA graphs"]
-    assert graphs.subtracted and graphs.bytes > 0  # from 0.21 the estimate comes out of the budget
+    v21 = estimate(PlanRequest(model="Qwen/Qwen3-8B", max_model_len=8192, vllm_version="0.21.0"))
+    graphs = {t.name: t for t in v21.memory_terms}["CUDA graphs"]
+    assert graphs.subtracted and graphs.bytes > 0  # from 0.21 V1's estimate comes out of the budget
 
 
 def test_families_are_ordered_and_each_cites_its_source():
@@ -85,6 +85,34 @@ def test_families_are_ordered_and_each_cites_its_source():
     assert family_for((0, 5, 4)).name.startswith("0.6") and not family_for((0, 7, 3)).is_v1
     assert family_for((0, 10, 1)).large_gpu_defaults and not family_for((0, 8, 5)).large_gpu_defaults
     assert family_for((0, 33, 0)).subtracts_cuda_graphs and not family_for((0, 20, 1)).subtracts_cuda_graphs
+    # FlashInfer's sampler: off by default before 0.22 (unset = a pip install without FlashInfer up to
+    # 0.11.0, then vllm#26859), on from 0.22 (vllm#40376)
+    assert (
+        not family_for((0, 21, 0)).flashinfer_sampler_default
+        and family_for((0, 22, 0)).flashinfer_sampler_default
+    )
+
+
+def test_the_sampler_path_sets_the_profile_sampler_term():
+    """The same run with FlashInfer's sampler and without: 14 bytes a logit against the sort's 38 (0.10)."""
+    base = dict(model="Qwen/Qwen2.5-7B-Instruct", gpu="A100-80GB", vllm_version="0.10.1")
+    terms = {}
+    for fi in (True, False, None):
+        est = estimate(PlanRequest(**base, flashinfer_sampler=fi, max_model_len=16384))
+        terms[fi] = {t.name: t for t in est.memory_terms}["profile sampler"]
+    logits = 256 * 152_064
+    assert terms[True].bytes == int(logits * 14) and "FlashInfer" in terms[True].how
+    assert terms[False].bytes == terms[None].bytes == int(logits * 38)
+
+
+def test_custom_all_reduce_off_charges_the_nccl_only_non_torch():
+    """TP=2 A100s without P2P (vLLM: "Custom allreduce is disabled") get the PCIe figure, not NVLink's."""
+    base = dict(model="Qwen/Qwen2.5-7B-Instruct", gpu="A100-80GB", num_gpus=2, vllm_version="0.10.1")
+    on = estimate(PlanRequest(**base, max_model_len=16384))
+    off = estimate(PlanRequest(**base, max_model_len=16384, disable_custom_all_reduce=True))
+    nt_on = {t.name: t for t in on.memory_terms}["non-torch"]
+    nt_off = {t.name: t for t in off.memory_terms}["non-torch"]
+    assert nt_on.bytes > nt_off.bytes and "NCCL only" in nt_off.how
 
 
 ESTIMATE = [sys.executable, "app.py", "estimate", "--model", "Qwen/Qwen3-8B", "--max-model-len", "8192"]
@@ -119,4 +147,54 @@ def test_cli_json_reports_each_term_and_the_family():
         cwd=ROOT,
         timeout=120,
     )
-    assert "profile sampler" in table.stdout and "vLLM 0.21+" in table.stdout
+    assert "profile sampler" in table.stdout and "vLLM 0.29+" in table.stdout
+
+
+def test_model_runner_v2_profiles_a_plain_sampler_and_keeps_penalty_bins():
+    """Dense models on 0.25+ go through Model Runner V2: a 6-byte-a-logit dummy sampler (no top-k/top-p),
+    max_num_seqs x vocabulary penalty bins at 4.125 bytes held all along, and no CUDA-graph estimate taken
+    from the budget (profile_cudagraph_memory returns 0); MoE models stay on V1 until 0.29."""
+    dense = estimate(
+        PlanRequest(
+            model="Qwen/Qwen3-32B",
+            gpu="RTX-PRO-6000",
+            num_gpus=2,
+            max_model_len=32768,
+            gpu_memory_utilization=0.426,
+            vllm_version="0.27.1",
+        )
+    )
+    terms = {t.name: t for t in dense.memory_terms}
+    logits = 1024 * 151_936  # >= 70 GiB card: 1024 sequences
+    assert terms["profile sampler"].bytes == int(logits * 6)
+    assert terms["sampler state"].bytes == int(logits * 4.125)
+    assert not terms["CUDA graphs"].subtracted
+    moe = estimate(PlanRequest(model="Qwen/Qwen3-30B-A3B", max_model_len=8192, vllm_version="0.27.1"))
+    moe_terms = {t.name: t for t in moe.memory_terms}
+    assert "sampler state" not in moe_terms and moe_terms["CUDA graphs"].subtracted
+    late = estimate(PlanRequest(model="Qwen/Qwen3-30B-A3B", max_model_len=8192, vllm_version="0.29.0"))
+    assert "sampler state" in {t.name for t in late.memory_terms}
+
+
+def test_v0_samples_the_profile_on_the_driver_even_with_chunked_prefill():
+    """vLLM 0.7.2, TP=2 on RTX 4090s at 131,072 tokens (chunked prefill on): the driver worker samples the
+    256 dummy requests (vllm/worker/model_runner.py profile_run, top_k = vocab - 1) and the engine keeps the
+    smallest block count, so the refusal's 81,536 tokens sit 1.2 GiB under the other rank's 8.69 GiB line."""
+    run = RUNS["2x4090-r1-distill-qwen-14b-tp2"]
+    terms = terms_of(run.id)
+    assert terms["profile sampler"].bytes == 256 * 152064 * 38
+    assert terms["activation peak"].bytes == terms["profile sampler"].bytes
+    est = estimate(run.request())
+    assert est.kv_cache_bytes / GIB == pytest.approx(run.logged["kv_tokens"] * 96 / 1024**2, rel=0.05)
+    assert not est.fits
+
+
+def test_an_unlisted_gpu_serves_the_published_runs_but_no_plan_offers_it():
+    """The memory-modified RTX 2080 Ti 22GB: get_gpu finds it (runs 4x2080ti22g-*), list_gpus leaves it out
+    of charts and recommendations; Turing stays on V0 before 0.11."""
+    from backend.planner.catalog import get_gpu, list_gpus
+
+    assert "RTX-2080Ti-22GB" not in list_gpus() and {"RTX-4080", "RTX-6000-Ada"} <= set(list_gpus())
+    assert get_gpu("RTX-2080Ti-22GB").usable_bytes == int(21.66 * GIB)
+    req = PlanRequest(model="Qwen/Qwen3-30B-A3B", gpu="RTX-2080Ti-22GB", num_gpus=4, vllm_version="0.8.5")
+    assert "V0" in estimate(req).vllm_family

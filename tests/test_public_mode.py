@@ -29,6 +29,11 @@ ADMIN = "owner-admin-token"
 KEY = "api-key-for-v1"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 MAX_TOKENS = 16
+MAX_INPUT_TOKENS = 64
+MAX_UPLOADS = 3
+# handlers a visitor must not reach: Plan's checkpoint path and its Launch-here chain, Compare's run
+HIDDEN_HANDLERS = ("/check_plan", "/run_pending", "/checkpoint_hint", "/with_checkpoint", "/on_measure")
+COMPARE_LABEL = "Targets (running engines)"
 
 
 @dataclass
@@ -91,6 +96,8 @@ def app(tmp_path_factory):
         "PLAYGROUND_ALLOWED_URLS": f"*,{redirector.url}",
         "PLAYGROUND_MAX_BENCH_REQUESTS": "8",
         "PLAYGROUND_MAX_TOKENS": str(MAX_TOKENS),
+        "PLAYGROUND_MAX_INPUT_TOKENS": str(MAX_INPUT_TOKENS),
+        "PLAYGROUND_MAX_UPLOADS": str(MAX_UPLOADS),
     }
     command = [sys.executable, "app.py", "--public", "--model", model, "--port", str(port)]
     with log.open("w") as out:
@@ -118,6 +125,12 @@ def test_the_banner_says_where_it_listens_and_what_is_locked(app):
 def test_v1_and_metrics_need_the_key_the_ui_and_health_do_not(app):
     assert httpx.get(f"{app.url}/v1/models").status_code == 401
     assert httpx.get(f"{app.url}/metrics").status_code == 401
+    for path in ("/tokenizer_info", "/version"):
+        assert httpx.get(f"{app.url}{path}").status_code == 401
+        assert httpx.get(f"{app.url}{path}", headers=AUTH).status_code == 200
+    for path, body in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1]})):
+        assert httpx.post(f"{app.url}{path}", json=body).status_code == 401
+        assert httpx.post(f"{app.url}{path}", json=body, headers=AUTH).status_code == 200
     assert httpx.get(f"{app.url}/v1/models", headers=AUTH).json()["data"][0]["id"] == "llama"
     metrics = httpx.get(f"{app.url}/metrics", headers=AUTH).text
     assert "vllm:num_requests_running" in metrics and "prefix_cache" not in metrics  # no per-visitor hits
@@ -130,6 +143,14 @@ def test_the_api_caps_max_tokens_like_the_ui(app):
     body = {"messages": [{"role": "user", "content": "hi"}], "ignore_eos": True}  # no max_tokens: capped
     capped = httpx.post(f"{app.url}/v1/chat/completions", json=body, headers=AUTH, timeout=120).json()
     assert capped["usage"]["completion_tokens"] == MAX_TOKENS
+
+
+def test_the_responses_api_caps_max_output_tokens_likewise(app):
+    body = {"input": "hi", "max_output_tokens": MAX_TOKENS + 1}
+    too_many = httpx.post(f"{app.url}/v1/responses", json=body, headers=AUTH, timeout=120)
+    assert too_many.status_code == 400 and f"at most {MAX_TOKENS}" in too_many.json()["error"]["message"]
+    capped = httpx.post(f"{app.url}/v1/responses", json={"input": "hi"}, headers=AUTH, timeout=120).json()
+    assert capped["usage"]["output_tokens"] <= MAX_TOKENS
 
 
 def test_engine_control_without_the_admin_token_is_refused(app):
@@ -234,3 +255,86 @@ def test_relaunch_during_traffic_answers_503_with_retry_after_never_500(app):
             thread.join(timeout=150)
     assert set(statuses) <= {200, 503}, statuses
     assert 503 in statuses and statuses[-1] == 200  # 503s while stopped, served again after the launch
+
+
+def endpoint_labels(client) -> dict[str, list[str]]:
+    endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+    return {name: [p["label"] or "" for p in e["parameters"]] for name, e in endpoints.items()}
+
+
+def test_handlers_a_visitor_must_not_reach_are_not_registered(app):
+    """A hidden tab is not a gate: Compare, the checkpoint path and Plan → Launch are simply absent."""
+    endpoints = endpoint_labels(app.client)
+    assert not [name for name in endpoints if name.startswith(HIDDEN_HANDLERS)], sorted(endpoints)
+    assert not [name for name, labels in endpoints.items() if COMPARE_LABEL in labels]
+    assert "/launch" in endpoints and "/chat" in endpoints  # what a visitor uses is still there
+    info = httpx.get(f"{app.url}/gradio_api/info").text
+    assert "Quantized checkpoint" not in info and COMPARE_LABEL not in info
+
+
+def test_the_input_cap_applies_to_v1_and_chat(app):
+    body = {"messages": [{"role": "user", "content": "hi " * (MAX_INPUT_TOKENS + 10)}], "max_tokens": 2}
+    resp = httpx.post(f"{app.url}/v1/chat/completions", json=body, headers=AUTH, timeout=120)
+    assert resp.status_code == 400 and f"at most {MAX_INPUT_TOKENS} input tokens" in resp.text
+    refused = app.api("chat", message="hi " * (MAX_INPUT_TOKENS + 10), **{"max tokens": 4})
+    assert f"at most {MAX_INPUT_TOKENS} input tokens" in refused[3]
+    huge = app.api("chat", message="word " * 200_000, **{"max tokens": 4})  # refused before tokenizing
+    assert "characters long" in huge[3]
+    assert app.chat_completion().status_code == 200
+
+
+def upload(app, name: str, size: int) -> httpx.Response:
+    files = {"files": (name, b"x" * size, "text/plain")}
+    return httpx.post(f"{app.url}/gradio_api/upload", files=files, timeout=60)
+
+
+def test_uploads_are_bounded_in_size_and_count_per_client(app):
+    assert upload(app, "big.txt", 2 * 1024 * 1024).status_code == 413  # PLAYGROUND_MAX_UPLOAD_MB: 1
+    answers = [upload(app, f"small-{i}.txt", 10) for i in range(MAX_UPLOADS + 1)]
+    assert [r.status_code for r in answers] == [200] * MAX_UPLOADS + [429]
+    assert int(answers[-1].headers["Retry-After"]) > 0 and "per client per hour" in answers[-1].text
+
+
+def start_exposed(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, Path, str]:
+    """app.py bound to all interfaces (how a LAN or cloud machine serves it), with no public settings."""
+    port, log = free_port(), tmp_path / "exposed.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PLAYGROUND_", "SPACE_", "GRADIO_"))}
+    command = [sys.executable, "app.py", "--host", "0.0.0.0", "--port", str(port), *flags]
+    env |= {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return proc, log, f"http://127.0.0.1:{port}"
+
+
+def wait_for_line(proc: subprocess.Popen, log: Path, text: str, timeout_s: float = 180) -> str:
+    deadline = time.monotonic() + timeout_s
+    while text not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.3)
+    return log.read_text()
+
+
+def test_an_exposed_app_is_public_unless_its_owner_says_unsafe_local(tmp_path):
+    from gradio_client import Client
+
+    model = tiny_model("llama")[0]
+    proc, log, url = start_exposed(tmp_path, "--model", model)
+    try:
+        text = wait_for_line(proc, log, "Exposed by")
+        assert "Exposed by --host 0.0.0.0 (other machines can connect): public mode is on" in text
+        assert "* public mode: engine launch/stop disabled" in text
+        wait_healthy(url, proc, log)  # public mode launches the owner's model itself
+        with_client = Client(url, verbose=False)
+        endpoints = endpoint_labels(with_client)
+        with_client.close()
+        assert not [name for name in endpoints if name.startswith(HIDDEN_HANDLERS)]
+        assert not [name for name, labels in endpoints.items() if COMPARE_LABEL in labels]
+    finally:
+        stop_process(proc)
+    proc, log, url = start_exposed(tmp_path, "--model", model, "--unsafe-local")
+    try:
+        text = wait_for_line(proc, log, "WARNING")
+        assert "WARNING: exposed by --host 0.0.0.0 (other machines can connect) in local mode" in text
+        assert "local mode (nothing locked" in text
+    finally:
+        stop_process(proc)

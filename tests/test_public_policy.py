@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from backend.public_policy import GB, Forbidden, PublicPolicy
+from backend.public_policy import GB, Forbidden, PublicPolicy, exposure, exposure_notice
 
 PUBLIC = PublicPolicy.from_env(True, {"PLAYGROUND_ADMIN_TOKEN": "owner-token"})
 PATH_WORDS = "Hugging Face Hub only"
@@ -123,3 +123,42 @@ def test_limits_apply_in_public_mode_only():
     pattern = r"number of requests must be at most 64 .*PLAYGROUND_MAX_BENCH_REQUESTS.*got 65"
     with pytest.raises(Forbidden, match=pattern):
         PUBLIC.limit(65, "max_bench_requests", "number of requests")
+
+
+@pytest.mark.parametrize(
+    ("host", "share", "exposed"),
+    [
+        ("127.0.0.1", False, False),
+        ("127.0.0.2", False, False),
+        ("::1", False, False),
+        ("localhost", False, False),
+        ("0.0.0.0", False, True),
+        ("::", False, True),
+        ("192.168.1.20", False, True),
+        ("myhost.example", False, True),
+        ("127.0.0.1", True, True),
+    ],
+)
+def test_exposure_turns_public_mode_on_unless_the_owner_says_unsafe_local(host, share, exposed):
+    by = exposure(host, share)
+    assert (by is not None) is exposed
+    policy = PublicPolicy.from_env(False, {}, exposed_by=by)
+    assert policy.is_public is exposed
+    notice = exposure_notice(by, policy)
+    assert (notice is not None and "public mode is on" in notice) is exposed
+    local = PublicPolicy.from_env(False, {}, exposed_by=by, unsafe_local=True)
+    assert not local.is_public
+    warning = exposure_notice(by, local)
+    assert (warning is not None and warning.startswith("* WARNING")) is exposed
+    assert PublicPolicy.from_env(True, {}, exposed_by=by, unsafe_local=True).is_public  # --public wins
+
+
+def test_the_new_limits_come_from_the_environment():
+    env = {
+        "PLAYGROUND_MAX_CLIENT_WAITING": "4",
+        "PLAYGROUND_MAX_UPLOADS": "2",
+        "PLAYGROUND_FORWARDED_HOPS": "1",
+    }
+    policy = PublicPolicy.from_env(True, env)
+    assert (policy.max_client_waiting, policy.max_uploads, policy.forwarded_hops) == (4, 2, 1)
+    assert policy.max_upload_bytes == 1024 * 1024

@@ -25,7 +25,7 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     args = ["--model", long_context_tiny_model(), "--served-model-name", "tiny", "--max-num-seqs", "2"]
     args += ["--max-waiting-requests", str(QUEUE_LIMIT), "--num-kv-blocks", "1100", "--max-model-len", "8192"]
-    args += ["--disable-uvicorn-access-log"]
+    args += ["--disable-uvicorn-access-log", "--max-waiting-per-client", "64"]  # the engine's queue first
     env = {ENV_VAR: f"sample:{SAMPLE_FAULT},execute:{EXECUTE_FAULT}"}
     proc = ServeProcess(log, *args, env=env)
     yield proc
@@ -144,6 +144,18 @@ def test_a_forced_failure_in_the_forward_pass_fails_the_batch_not_the_engine(ser
     error = json.loads(lines[-2].removeprefix("data: "))["error"]
     assert error["type"] == "server_error" and "running the model failed" in error["message"]
     assert lines[-1] == "data: [DONE]"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_failure_fails_a_response_in_the_responses_api_shape(server, client, stream):
+    if not stream:
+        with pytest.raises(openai.InternalServerError, match="running the model failed"):
+            client.responses.create(model="tiny", input=f"x {EXECUTE_FAULT} y", max_output_tokens=5)
+        return
+    events = list(client.responses.create(model="tiny", input=f"x {EXECUTE_FAULT} y", stream=True))
+    assert [e.type for e in events] == ["response.created", "response.in_progress", "response.failed"]
+    failed = events[-1].response
+    assert failed.status == "failed" and "running the model failed" in failed.error.message
 
 
 def test_a_burst_beyond_the_queue_limit_gets_503_at_once(server):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from backend.server import build_app
+from backend.server.fairness import ClientLine
 from tests.engine_utils import prompts, tiny_model
 from tests.server_utils import RunningServer, start_engine, wait_until
 
@@ -261,7 +262,8 @@ def test_dropping_a_stream_of_n_samples_frees_every_block(served, client, batch)
 
 
 def test_public_limits_hold_for_the_batch_as_a_whole():
-    engine, server = start_fp32_server(max_tokens_limit=20, max_waiting_requests=2)
+    # a client share of 3 (above the queue's 2) lets the engine's own queue limit refuse the batch of 3
+    engine, server = start_fp32_server(max_tokens_limit=20, max_waiting_requests=2, clients=ClientLine(3))
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     try:
         with pytest.raises(openai.BadRequestError, match="at most 5 for each of 4 choices"):

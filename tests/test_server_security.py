@@ -13,6 +13,7 @@ import pytest
 
 from app import build_parser
 from backend.server import build_app
+from backend.server.fairness import ClientLine
 from tests.common_utils import ROOT, stop_process
 from tests.engine_utils import tiny_model
 from tests.server_utils import RunningServer, long_context_tiny_model, start_engine, wait_until
@@ -46,6 +47,11 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_t
         ("POST", "/v1/chat/completions", CHAT),
         ("POST", "/v1/completions", {"model": "tiny", "prompt": "hi"}),
         ("GET", "/metrics", None),
+        ("POST", "/v1/responses", {"model": "tiny", "input": "hi", "max_output_tokens": 3}),
+        ("POST", "/tokenize", {"model": "tiny", "prompt": "hi"}),
+        ("POST", "/detokenize", {"model": "tiny", "tokens": [1, 2]}),
+        ("GET", "/tokenizer_info", None),
+        ("GET", "/version", None),
     ],
 )
 def test_every_endpoint_but_health_needs_the_key(keyed, method, path, body):
@@ -85,7 +91,8 @@ def test_oversized_bodies_get_413_with_or_without_content_length(keyed):
 
 
 def test_full_waiting_queue_gets_503_with_retry_after(engine):
-    server = RunningServer(build_app(lambda: engine, max_waiting_requests=1))
+    # each client's share (fairness.py) set above the queue: this test fills the engine's own queue
+    server = RunningServer(build_app(lambda: engine, max_waiting_requests=1, clients=ClientLine(8)))
     body = {"prompt": "a b c", "max_tokens": 8000, "ignore_eos": True, "stream": True}
     try:
         with httpx.Client(timeout=60) as http:

@@ -114,16 +114,17 @@ def test_plan_rejects_bad_input(field, value, words):
 def test_plan_of_llama_8b_on_h100():
     badge, kpis, memory, compare, recommendation, message, plan = plan_tab.estimate_plan(PLAN_FORM)
     assert "Fits" in badge and message == ""
-    # KV capacity, vLLM 0.33 accounting: 0.92 x 79.22 GiB - 14.96 weights - 1.90 sampler peak (1024 default
-    # sequences x 128256 logits x 15.5 bytes, the Triton sampler of 0.17+) - 0.25 non-torch - 0.48 CUDA-graph
-    # estimate = 55.3 GiB at 128 KiB per token
-    assert "453,040 tokens" in kpis
+    # KV capacity, vLLM 0.33 accounting (Model Runner V2): 0.92 x 79.22 GiB - 14.96 weights - 1.38 activation
+    # peak (the 0.88 GiB forward pass, larger than the 0.73 GiB dummy sampler of 1024 default sequences x
+    # 128256 logits x 6 bytes, + 0.50 GiB of penalty bins at 4.125 bytes) - 0.25 non-torch = 56.3 GiB at
+    # 128 KiB per token; MRV2 takes no CUDA-graph estimate from the budget
+    assert "461,168 tokens" in kpis
     assert isinstance(memory, go.Figure) and memory.layout.xaxis.title.text == "GiB per GPU"
     assert {t.name for t in memory.data} >= {"Weights", "KV cache", "Activations"}
     assert "tok/s" in compare.layout.xaxis.title.text and "$" in compare.layout.xaxis2.title.text
     assert plan["model"] == PLAN_FORM["model"] and plan["gpu"] == "H100-80GB"
     assert "Recommendation" in recommendation
-    assert "Where the memory goes (vLLM 0.21+)" in kpis and "profile sampler" in kpis
+    assert "Where the memory goes (vLLM 0.29+)" in kpis and "profile sampler" in kpis
 
 
 def test_plan_follows_the_vllm_version_of_the_form():

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from backend.bench.monitor import MetricsPoller
-from backend.url_guard import UnsafeURLError, URLGuard, _pin, is_public_address
+from backend.url_guard import MAX_RESPONSE_BYTES, UnsafeURLError, URLGuard, _pin, is_public_address
 from tests.security_utils import NON_PUBLIC_URLS, Canary, loopback_spellings
 
 
@@ -44,6 +44,14 @@ def public_guard(own_port: int, *allowed: str) -> URLGuard:
         ("::ffff:8.8.8.8", True),
         ("2002:7f00:1::", False),  # 6to4 around 127.0.0.1
         ("64:ff9b::7f00:1", False),  # NAT64 around 127.0.0.1
+        ("64:ff9b::808:808", True),  # NAT64 around a public address
+        ("::127.0.0.1", False),  # IPv4-compatible (deprecated)
+        ("::8.8.8.8", False),  # ... never public, whatever it embeds
+        ("::ffff:0:7f00:1", False),  # IPv4-translated (SIIT) around 127.0.0.1
+        ("::ffff:0:808:808", True),
+        ("64:ff9b:1::7f00:1", False),  # local-use NAT64 (RFC 8215)
+        ("64:ff9b:1::808:808", False),
+        ("fec0::1", False),  # site-local (deprecated)
         ("169.254.169.254", False),
         ("fe80::1", False),
         ("10.0.0.1", False),
@@ -112,6 +120,29 @@ def test_the_async_transport_refuses_the_same(canary):
         with pytest.raises(UnsafeURLError):
             asyncio.run(fetch(url))
     assert canary.hits == []
+
+
+@pytest.mark.parametrize("declare_length", [True, False])
+def test_a_response_body_over_the_limit_is_cut_off(declare_length):
+    """A server the owner listed answers 12 MiB: the read stops at MAX_RESPONSE_BYTES with a message,
+    whether it said its length (refused before reading) or not (refused while reading)."""
+    big = Canary(body_bytes=12 * 1024 * 1024, declare_length=declare_length)
+    guard = public_guard(7860, big.url)
+    try:
+        too_large = pytest.raises(UnsafeURLError, match=f"reads at most {MAX_RESPONSE_BYTES:,} bytes")
+        with httpx.Client(transport=guard.transport()) as client, too_large:
+            client.get(f"{big.url}/metrics")
+        poller = MetricsPoller(f"{big.url}/metrics", transport=guard.transport())
+        assert "reads at most" in poller.poll()["error"]
+
+        async def fetch() -> None:
+            async with httpx.AsyncClient(transport=guard.async_transport()) as client:
+                await client.get(f"{big.url}/metrics")
+
+        with pytest.raises(UnsafeURLError, match="reads at most"):
+            asyncio.run(fetch())
+    finally:
+        big.close()
 
 
 def test_the_connection_goes_to_the_checked_address_under_the_original_name():

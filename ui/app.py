@@ -3,6 +3,9 @@
 /        the Gradio UI (Plan, Launch, Chat, Benchmark, Compare, Monitor, Export)
 /v1/...  the OpenAI-compatible API served by the engine the UI launched (backend.server)
 /metrics Prometheus metrics of that engine
+
+In public mode the handlers a visitor must never reach are not registered at all (a hidden tab is still
+a public API): Compare, external engines, Plan's checkpoint path and its "Launch this plan here" chain.
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ import threading
 import gradio as gr
 from fastapi import FastAPI
 
+from backend.public_policy import PublicPolicy
+from backend.server.app import DEFAULT_MAX_WAITING_REQUESTS, default_client_share
 from backend.server.engine_holder import EngineHolder
+from backend.server.fairness import ClientLine
 from ui import bench_tab, chat_tab, compare_tab, export_tab, launch_here, launch_tab, monitor_tab, plan_tab
 from ui.common import AppContext
 
@@ -69,9 +75,17 @@ def header(ctx: AppContext) -> str:
     )
 
 
+# Public mode: Gradio deletes what visitors uploaded (and files it made for them) after an hour, checking
+# every ten minutes
+PUBLIC_DELETE_CACHE = (600, 3600)
+
+
 def build_demo(ctx: AppContext) -> gr.Blocks:
-    """The seven tabs; handlers reach the engine through ctx.holder, shared by every browser tab."""
-    with gr.Blocks(title="LLM serving playground") as demo:
+    """The tabs; handlers reach the engine through ctx.holder, shared by every browser tab."""
+    public = ctx.policy.is_public
+    with gr.Blocks(
+        title="LLM serving playground", delete_cache=PUBLIC_DELETE_CACHE if public else None
+    ) as demo:
         gr.Markdown(header(ctx), elem_id="app-header")
         with gr.Tabs() as tabs:
             with gr.Tab("Plan", id="plan"):
@@ -82,15 +96,15 @@ def build_demo(ctx: AppContext) -> gr.Blocks:
                 chat_timer = chat_tab.build(ctx, demo)
             with gr.Tab("Benchmark", id="bench"):
                 bench_tab.build(ctx, plan.plan_state)
-            with gr.Tab(
-                "Compare", id="compare", visible=not ctx.policy.is_public
-            ):  # runs the owner's engines
-                compare_tab.build(ctx)
+            if not public:  # runs the owner's engines: not even registered on a public app
+                with gr.Tab("Compare", id="compare"):
+                    compare_tab.build(ctx)
             with gr.Tab("Monitor", id="monitor"):
                 monitor_tab.build(ctx)
             with gr.Tab("Export", id="export"):
                 export_tab.build(ctx, plan.plan_state)
-        launch_here.wire(ctx, tabs, plan, launch)
+        if not public:  # Plan → Launch reads the plan's paths and starts engines
+            launch_here.wire(ctx, tabs, plan, launch)
 
         def on_tab(event: gr.SelectData) -> gr.Timer:  # live charts refresh only while the Chat tab shows
             return gr.Timer(active=event.value == "Chat")
@@ -102,19 +116,43 @@ def build_demo(ctx: AppContext) -> gr.Blocks:
 def build_server(ctx: AppContext) -> FastAPI:
     """One FastAPI app: the OpenAI-compatible API of the shared engine, with the UI mounted at /.
 
-    With an API key, /v1 and /metrics need it; the UI and /health do not."""
+    With an API key, the API (/v1, /metrics, /tokenize, /detokenize, /tokenizer_info, /version) needs it;
+    the UI and /health do not."""
     from backend.server import build_app
+    from backend.server.app import API_PATHS
+    from backend.server.upload_limits import UploadLimitMiddleware
 
+    policy = ctx.policy
     app = build_app(
         engine_provider=ctx.holder.get,
         api_key=ctx.api_key,
-        key_prefixes=("/v1", "/metrics"),
-        expose_prefix_cache=not ctx.policy.is_public,
-        max_tokens_limit=ctx.policy.max_tokens if ctx.policy.is_public else None,
+        key_prefixes=API_PATHS,
+        expose_prefix_cache=not policy.is_public,
+        max_tokens_limit=policy.max_tokens if policy.is_public else None,
+        max_input_tokens=policy.max_input_tokens if policy.is_public else None,
+        clients=ctx.clients,
+        forwarded_hops=policy.forwarded_hops,
     )
     demo = build_demo(ctx)
-    # no "Use via API" footer: it shows Gradio's endpoints, easily taken for the OpenAI API the header names
-    mounted = gr.mount_gradio_app(app, demo, path="/", theme=THEME, css=CSS, footer_links=[])
+    # no "Use via API" footer: it shows Gradio's endpoints, easily taken for the OpenAI API the header names;
+    # no MCP server (GRADIO_MCP_SERVER would otherwise publish every handler as a tool)
+    mounted = gr.mount_gradio_app(
+        app,
+        demo,
+        path="/",
+        theme=THEME,
+        css=CSS,
+        footer_links=[],
+        mcp_server=False,
+        max_file_size=policy.max_upload_bytes if policy.is_public else None,
+    )
+    if policy.is_public:
+        mounted.add_middleware(
+            UploadLimitMiddleware,
+            max_file_bytes=policy.max_upload_bytes,
+            max_files=policy.max_uploads,
+            forwarded_hops=policy.forwarded_hops,
+        )
     quiet_queue(demo)
     return mounted
 
@@ -129,6 +167,13 @@ def quiet_queue(demo: gr.Blocks) -> None:
     ms)."""
     queue = demo._queue
     queue.sleep_when_free = max(queue.sleep_when_free, QUEUE_IDLE_POLL_S)
+
+
+def client_line(policy: PublicPolicy) -> ClientLine:
+    """Each client's share of the engine's waiting queue, for /v1 and the UI's handlers together."""
+    if policy.is_public:
+        return ClientLine(policy.max_client_waiting)
+    return ClientLine(default_client_share(DEFAULT_MAX_WAITING_REQUESTS))
 
 
 def preload_engine_modules() -> None:
@@ -172,29 +217,35 @@ def launch(
     share: bool = False,
     public: bool = False,
     api_key: str | None = None,
+    unsafe_local: bool = False,
 ) -> None:
-    """Serve the UI and the OpenAI-compatible API on host:port until interrupted. ``public`` (or a
-    Space's environment) locks what visitors may do (backend.public_policy)."""
+    """Serve the UI and the OpenAI-compatible API on host:port until interrupted. ``public``, a Space's
+    environment, ``share`` or a host other than loopback lock what visitors may do
+    (backend.public_policy), unless ``unsafe_local`` keeps an exposed app in local mode."""
     import uvicorn
 
-    from backend.public_policy import PublicPolicy
+    from backend.public_policy import PublicPolicy, exposure, exposure_notice
 
     if host == "127.0.0.1" and os.environ.get("GRADIO_SERVER_NAME"):  # a Hugging Face Space asks for 0.0.0.0
         host = os.environ["GRADIO_SERVER_NAME"]
     display_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    policy = PublicPolicy.from_env(public)
+    exposed_by = exposure(host, share)
+    policy = PublicPolicy.from_env(public, exposed_by=exposed_by, unsafe_local=unsafe_local)
     ctx = AppContext(
         EngineHolder(),
         model or default_model_for_launch(),
         f"http://{display_host}:{port}/v1",
         policy=policy,
         api_key=api_key,
+        clients=client_line(policy),
     )
     app = build_server(ctx)
     threading.Thread(target=preload_engine_modules, daemon=True).start()
     if policy.is_public:  # visitors cannot launch: the owner's model starts with the app
         threading.Thread(target=launch_tab.launch_default, args=(ctx,), daemon=True).start()
     print(banner(host, port, ctx), flush=True)
+    if (notice := exposure_notice(exposed_by, policy)) is not None:
+        print(notice, flush=True)
     if share:
         threading.Timer(2.0, _open_share_tunnel, args=(host, port)).start()
     try:

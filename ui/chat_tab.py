@@ -12,6 +12,7 @@ import gradio as gr
 
 from backend.engine.sampling_params import SamplingParams
 from backend.server.engine_holder import EngineHolder, EngineState
+from backend.server.limits import engine_input_limits
 from ui import charts, launch_tab, load, structured_panel
 from ui.common import (
     AppContext,
@@ -96,9 +97,10 @@ def message_text(content: str | list[dict[str, Any]]) -> str:
     return content.split(STATS_MARK)[0]
 
 
-async def chat(ctx: AppContext, form: dict[str, Any]) -> AsyncIterator[tuple]:
+async def chat(ctx: AppContext, form: dict[str, Any], client: str = "local") -> AsyncIterator[tuple]:
     """Stream one reply to form["message"] after form["history"] (the chatbot). Yields (chatbot, textbox,
-    reply stats, message). Cancelling the handler (the Stop button) aborts the request."""
+    reply stats, message). Cancelling the handler (the Stop button) aborts the request. The conversation
+    is bounded before it is tokenized, and ``client`` waits within its share of the queue, as on /v1."""
     text, system = form["message"], form["system"] or ""
     if not (text or "").strip():
         yield gr.skip(), gr.skip(), gr.skip(), error_message("type a message first")
@@ -123,12 +125,22 @@ async def chat(ctx: AppContext, form: dict[str, Any]) -> AsyncIterator[tuple]:
         return
     started, first_token, out = time.time(), None, None
     try:
-        ids = await engine.run_in_tokenizer(prompt_token_ids, engine, system, history)
-        async for out in engine.generate(ids, params, request_id=f"chat-{uuid.uuid4().hex[:8]}"):
-            if first_token is None and out.outputs[0].token_ids:
-                first_token = time.time()
-            yield [*history, {"role": "assistant", "content": out.outputs[0].text}], gr.skip(), "", ""
-    except Exception as exc:  # prompt too long, queue full, engine stopped: show it, keep the UI alive
+        cap = ctx.policy.max_input_tokens if ctx.policy.is_public else None
+        limits = await engine_input_limits(engine, cap)
+        limits.check_count(len(history), "messages", "history")
+        limits.check_text([system, *(m["content"] for m in history)], "messages")
+        ticket = ctx.clients.enter(client)
+        try:
+            ids = await engine.run_in_tokenizer(prompt_token_ids, engine, system, history)
+            limits.check_tokens(len(ids), "messages")
+            async for out in engine.generate(ids, params, request_id=f"chat-{uuid.uuid4().hex[:8]}"):
+                ticket.leave()  # started
+                if first_token is None and out.outputs[0].token_ids:
+                    first_token = time.time()
+                yield [*history, {"role": "assistant", "content": out.outputs[0].text}], gr.skip(), "", ""
+        finally:
+            ticket.leave()
+    except Exception as exc:  # too long, queue or share full, engine stopped: show it, keep the UI alive
         yield history, gr.skip(), "", error_message(describe(exc))
         return
     completion = out.outputs[0]
@@ -275,8 +287,8 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.Timer:
             load.build(ctx)
             block_map = gr.Plot(label="KV blocks by request", elem_id="kv-block-map")
 
-    async def on_chat(data: dict) -> AsyncIterator[tuple]:
-        async for update in chat(ctx, form_values(form, data)):
+    async def on_chat(data: dict, request: gr.Request) -> AsyncIterator[tuple]:
+        async for update in chat(ctx, form_values(form, data), ctx.client_of(request)):
             yield update
 
     events = [

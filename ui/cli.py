@@ -14,11 +14,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument("--port", type=port_number, default=7860, help="port (default: 7860)")
     parser.add_argument("--model", default=None, help="model for the playground (default: SmolLM2-135M)")
-    parser.add_argument("--share", action="store_true", help="create a public Gradio share link")
+    parser.add_argument(
+        "--share", action="store_true", help="create a public Gradio share link (turns public mode on)"
+    )
     parser.add_argument(
         "--public",
         action="store_true",
-        help="lock the app for public hosting (on by itself on a Hugging Face Space): see README, Security",
+        help="lock the app for public hosting; on by itself on a Hugging Face Space, with --share and with a "
+        "--host other than loopback (docs/security.md)",
+    )
+    parser.add_argument(
+        "--unsafe-local",
+        action="store_true",
+        help="keep local mode although --share or --host exposes the app (only on a network you trust: "
+        "whoever reaches it may load local paths and start engines)",
     )
     parser.add_argument(
         "--api-key-env",
@@ -35,5 +44,13 @@ def main(args: argparse.Namespace) -> int:
 
     variable = args.api_key_env or (DEFAULT_KEY_VARIABLE if os.environ.get(DEFAULT_KEY_VARIABLE) else None)
     api_key = api_key_from_env(variable)
-    launch(args.host, args.port, args.model, args.share, public=args.public, api_key=api_key)
+    launch(
+        args.host,
+        args.port,
+        args.model,
+        args.share,
+        public=args.public,
+        api_key=api_key,
+        unsafe_local=args.unsafe_local,
+    )
     return 0

@@ -12,7 +12,9 @@ import httpx
 from backend.default_model import shown_name
 from backend.export.supervisor import ExternalServers
 from backend.public_policy import PublicPolicy
+from backend.server.app import DEFAULT_MAX_WAITING_REQUESTS, default_client_share
 from backend.server.engine_holder import EngineHolder
+from backend.server.fairness import ClientLine, client_id
 from backend.url_guard import URLGuard
 
 GIB = 1024**3
@@ -44,11 +46,21 @@ class AppContext:
         name = (name or "").strip()
         return self.default_model if name == self.shown_model else name
 
+    def client_of(self, request: Any) -> str:
+        """Who sent a Gradio event (a gr.Request): the address /v1 would see (fairness.client_id)."""
+        client = getattr(request, "client", None)
+        headers = getattr(request, "headers", None) or {}
+        return client_id(client.host if client else None, headers, self.policy.forwarded_hops)
+
     def key_for(self, url: str) -> str | None:
         """This app's API key when url is its own API (never sent elsewhere), else None."""
         return self.api_key if self.guard.is_own(httpx.URL(url)) else None
 
     external: ExternalServers = field(default_factory=ExternalServers)  # vLLM etc. started from Launch
+    # each client's share of the engine's waiting queue, shared by /v1 and the UI's handlers
+    clients: ClientLine = field(
+        default_factory=lambda: ClientLine(default_client_share(DEFAULT_MAX_WAITING_REQUESTS))
+    )
 
 
 MessageKind = Literal["error", "ok", "info"]

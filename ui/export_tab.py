@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import html
 import tempfile
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Any
 import gradio as gr
 
 from backend.export.base import Skipped
+from backend.planner.sources import anonymous_hub
+from backend.public_policy import PublicPolicy
 from ui.common import AppContext, describe, error_message, form_values, message, ok_message, required_int
 from ui.inputs import form_number
 
@@ -43,8 +46,10 @@ def plan_summary(plan: dict[str, Any] | None) -> str:
     )
 
 
-def export_plan(form: dict[str, Any]) -> tuple:
-    """(files state, file picker, preview, zip path, message) for form["plan"] and the export options."""
+def export_plan(form: dict[str, Any], policy: PublicPolicy | None = None) -> tuple:
+    """(files state, file picker, preview, zip path, message) for form["plan"] and the export options.
+    With a public ``policy`` the plan's model and checkpoint are checked here too (Hub ids, no paths),
+    and read from the Hub without the owner's token."""
     from backend.export import ExportOptions, build_export, zip_files
     from backend.planner import PlanRequest
 
@@ -54,7 +59,13 @@ def export_plan(form: dict[str, Any]) -> tuple:
         return *none, error_message("no plan yet: fill in the Plan tab first")
     if not engines:
         return *none, error_message("choose at least one engine")
+    public = policy is not None and policy.is_public
     try:
+        if public:
+            assert policy is not None
+            for name in (plan.get("model"), plan.get("checkpoint")):
+                if name:
+                    policy.check_model_name(str(name))
         options = ExportOptions(
             host=(form["host"] or "").strip(),
             port=required_int(form["port"], "port"),
@@ -62,9 +73,10 @@ def export_plan(form: dict[str, Any]) -> tuple:
             api_key_env=(form["api_key"] or "").strip() or None,
             speculative_method=None if form["speculative"] == "off" else form["speculative"],
         )
-        result = build_export(
-            PlanRequest(**plan), options, engines=list(engines), formats=list(form["formats"] or [])
-        )
+        with anonymous_hub() if public else contextlib.nullcontext():
+            result = build_export(
+                PlanRequest(**plan), options, engines=list(engines), formats=list(form["formats"] or [])
+            )
     except Exception as exc:  # impossible combinations and bad values come back as ValueError with the reason
         return *none, error_message(describe(exc))
     files = result.files
@@ -150,7 +162,7 @@ def build(ctx: AppContext, plan_state: gr.State) -> None:
                 elem_id="export-preview",
             )
     generate.click(
-        lambda data: export_plan(form_values(form, data)),
+        lambda data: export_plan(form_values(form, data), ctx.policy),
         set(form.values()),
         [files, picker, code, download, message_box],
     )

@@ -51,8 +51,11 @@ def load_prompts(engine: Any, n: int) -> list[list[int]]:
     return prompts
 
 
-async def fire_load(ctx: AppContext, num_requests: Any, max_tokens: Any) -> AsyncIterator[str]:
-    """Send N concurrent requests to the engine; yields a progress line, then a summary."""
+async def fire_load(
+    ctx: AppContext, num_requests: Any, max_tokens: Any, client: str = "local"
+) -> AsyncIterator[str]:
+    """Send N concurrent requests to the engine; yields a progress line, then a summary. Each request
+    waits within ``client``'s share of the queue, as a /v1 request does."""
     try:
         policy = ctx.policy
         n = required_int(num_requests, "number of requests")
@@ -75,8 +78,13 @@ async def fire_load(ctx: AppContext, num_requests: Any, max_tokens: Any) -> Asyn
 
     async def one(i: int, prompt: list[int]) -> int:
         count = 0
-        async for out in engine.generate(prompt, params, request_id=f"load-{tag}-{i}"):
-            count = len(out.outputs[0].token_ids)
+        ticket = ctx.clients.enter(client)
+        try:
+            async for out in engine.generate(prompt, params, request_id=f"load-{tag}-{i}"):
+                ticket.leave()  # started
+                count = len(out.outputs[0].token_ids)
+        finally:
+            ticket.leave()
         return count
 
     prompts = await engine.run_in_tokenizer(load_prompts, engine, n)
@@ -114,8 +122,8 @@ def build(ctx: AppContext) -> None:
         fire = gr.Button("Fire load", elem_id="load-fire", scale=1)
     status = gr.HTML(elem_id="load-message")
 
-    async def on_fire(num: Any, max_tokens: Any) -> AsyncIterator[str]:
-        async for update in fire_load(ctx, num, max_tokens):
+    async def on_fire(num: Any, max_tokens: Any, request: gr.Request) -> AsyncIterator[str]:
+        async for update in fire_load(ctx, num, max_tokens, ctx.client_of(request)):
             yield update
 
     fire.click(on_fire, [n, tokens], status, concurrency_limit=None, api_name="fire_load")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import html
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,7 @@ import gradio as gr
 
 from backend.default_model import shown_name
 from backend.planner.request import ENGINES, PlanRequest
+from backend.planner.sources import anonymous_hub
 from backend.planner.vllm_rules import VLLM_TARGET_VERSION
 from backend.planner.vllm_versions import version_choices
 from ui import charts
@@ -31,6 +33,7 @@ from ui.common import (
 from ui.inputs import form_number, form_slider
 
 DEFAULT_PRESET = "meta-llama/Llama-3.1-8B-Instruct"
+MAX_QUERY_CHARS = 200  # a Hub search query; the Hub matches names, far shorter
 
 
 def plan_request(form: dict[str, Any]) -> PlanRequest:
@@ -113,15 +116,18 @@ def estimate_plan(form: dict[str, Any], ctx: AppContext | None = None) -> tuple:
     Returns (badge, kpis, memory figure, GPU comparison, recommendation, message, plan as a dict)."""
     from backend.planner import Targets, compare_gpus, estimate, recommendation
 
+    public = ctx is not None and ctx.policy.is_public
     try:
         name = str(form["model"] or "").strip()
         if ctx is not None and name:  # public mode: presets, the app's own model and Hub ids, never a path
             ctx.policy.check_model_name(name, presets=(ctx.default_model,))
         req = plan_request(form)
-        est = estimate(req).to_dict()
-        rows = [e.to_dict() for e in compare_gpus(req)]
-        ttft_s = _seconds(form["ttft"], "target TTFT (ms)")
-        advice = recommendation(req, Targets(ttft_s, _seconds(form["tpot"], "target TPOT (ms)")))
+        # a visitor's pick is read from the Hub as anyone would read it: without the owner's HF_TOKEN
+        with anonymous_hub() if public else contextlib.nullcontext():
+            est = estimate(req).to_dict()
+            rows = [e.to_dict() for e in compare_gpus(req)]
+            ttft_s = _seconds(form["ttft"], "target TTFT (ms)")
+            advice = recommendation(req, Targets(ttft_s, _seconds(form["tpot"], "target TPOT (ms)")))
     # every planner error (unknown model or GPU, lengths beyond the model's limit) becomes the message
     except Exception as exc:
         return (*(gr.skip(),) * 5, error_message(describe(exc)), gr.skip())
@@ -179,16 +185,17 @@ def hub_status() -> tuple:
     return badge, gr.update(interactive=False, placeholder=off), gr.update(interactive=False)
 
 
-def search_hub(query: str):
-    """Model ids on the Hub matching query (text-generation), as new dropdown choices."""
+def search_hub(query: str, anonymous: bool = False):
+    """Model ids on the Hub matching query (text-generation), as new dropdown choices; ``anonymous``
+    (a public app) sends no token, so a visitor sees what anyone sees."""
     from huggingface_hub import HfApi
 
-    if not (query or "").strip():
+    query = (query or "").strip()[:MAX_QUERY_CHARS]
+    if not query:
         return gr.skip(), error_message("type part of a model name to search, e.g. 'qwen2.5 7b'")
     try:
-        ids = [
-            m.id for m in HfApi().list_models(search=query.strip(), pipeline_tag="text-generation", limit=25)
-        ]
+        api = HfApi(token=False) if anonymous else HfApi()
+        ids = [m.id for m in api.list_models(search=query, pipeline_tag="text-generation", limit=25)]
     except Exception as exc:  # offline or Hub error
         return gr.skip(), error_message(f"Hub search failed ({describe(exc)}); type a local path or a preset")
     if not ids:
@@ -282,6 +289,7 @@ def build(ctx: AppContext, demo: gr.Blocks) -> PlanPanel:
     from backend.planner import list_gpus, list_kv_cache_dtypes, list_presets, list_quantizations
 
     plan_state = gr.State(None)
+    public = ctx.policy.is_public
     with gr.Row():
         with gr.Column(scale=2, elem_id="plan-form"):
             hub = gr.HTML(elem_id="hub-badge")
@@ -303,11 +311,13 @@ def build(ctx: AppContext, demo: gr.Blocks) -> PlanPanel:
                     ["auto", *list_quantizations()], value="auto", label="Weights (auto = as stored)"
                 )
                 form["kv_dtype"] = gr.Dropdown(list_kv_cache_dtypes(), value="auto", label="KV cache dtype")
-            checkpoint = gr.Textbox(
-                label="Quantized checkpoint (for the export)",
-                info="the Hub id or path holding weights in this quantization; empty = the model itself",
-                elem_id="plan-checkpoint",
-            )
+            checkpoint = None
+            if not public:  # a path on this machine: not even registered on a public app
+                checkpoint = gr.Textbox(
+                    label="Quantized checkpoint (for the export)",
+                    info="the Hub id or path holding weights in this quantization; empty = the model itself",
+                    elem_id="plan-checkpoint",
+                )
             with gr.Row():
                 form["gpu"] = gr.Dropdown(
                     list_gpus(),
@@ -348,7 +358,7 @@ def build(ctx: AppContext, demo: gr.Blocks) -> PlanPanel:
                     "Launch this plan here",
                     variant="primary",
                     elem_id="plan-launch-here",
-                    visible=not ctx.policy.is_public,  # visitors of a public app do not launch engines
+                    visible=not public,  # visitors of a public app do not launch engines (nor is it wired)
                 )
                 alternative = gr.Button(
                     "Launch the suggestion instead", visible=False, elem_id="plan-alternative"
@@ -368,13 +378,16 @@ def build(ctx: AppContext, demo: gr.Blocks) -> PlanPanel:
         return estimate_plan(form_values(form, data), ctx=ctx)
 
     for control in form.values():
-        control.change(on_change, set(form.values()), outputs, show_progress="hidden").then(
-            with_checkpoint, [plan_state, checkpoint], plan_state
-        )
-    checkpoint.change(with_checkpoint, [plan_state, checkpoint], plan_state)
-    for control in (form["model"], form["quant"]):
-        control.change(checkpoint_hint, [form["model"], form["quant"]], checkpoint, show_progress="hidden")
-    search.click(search_hub, query, [form["model"], message_box])
+        event = control.change(on_change, set(form.values()), outputs, show_progress="hidden")
+        if checkpoint is not None:
+            event.then(with_checkpoint, [plan_state, checkpoint], plan_state)
+    if checkpoint is not None:
+        checkpoint.change(with_checkpoint, [plan_state, checkpoint], plan_state)
+        for control in (form["model"], form["quant"]):
+            control.change(
+                checkpoint_hint, [form["model"], form["quant"]], checkpoint, show_progress="hidden"
+            )
+    search.click(lambda text: search_hub(text, anonymous=public), query, [form["model"], message_box])
     demo.load(on_change, set(form.values()), outputs).then(hub_status, None, [hub, query, search]).then(
         on_view, form["model"], quality, show_progress="hidden"
     )

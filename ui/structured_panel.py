@@ -7,6 +7,7 @@ from typing import Any
 
 import gradio as gr
 
+from backend.server.limits import engine_input_limits
 from backend.server.tools_demo import DEMO_TOOLS, SAMPLE_SCHEMAS, run_tools_demo
 from ui.common import AppContext, describe, error_message
 
@@ -58,13 +59,19 @@ def build(ctx: AppContext) -> tuple[gr.Checkbox, gr.Code]:
         steps = gr.Markdown(elem_id="tools-steps")
         message = gr.HTML(elem_id="tools-message")
 
-    async def on_run(text: str) -> tuple:
+    async def on_run(text: str, request: gr.Request) -> tuple:
         engine, why = await ensure_engine(ctx)
         if engine is None:
             return gr.skip(), error_message(why)
-        try:
-            turn = await run_tools_demo(engine, text or DEMO_QUESTION)
-        except Exception as exc:  # engine stopped, prompt too long: show it, keep the UI alive
+        try:  # bounded before the chat template sees it; within the client's share of the queue
+            cap = ctx.policy.max_input_tokens if ctx.policy.is_public else None
+            (await engine_input_limits(engine, cap)).check_text(text or "", "question")
+            ticket = ctx.clients.enter(ctx.client_of(request))
+            try:
+                turn = await run_tools_demo(engine, text or DEMO_QUESTION)
+            finally:
+                ticket.leave()
+        except Exception as exc:  # engine stopped, prompt too long, share full: show it, keep the UI alive
             return gr.skip(), error_message(describe(exc))
         return demo_markdown(turn.messages), ""
 

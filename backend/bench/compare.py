@@ -45,6 +45,13 @@ class CompareTarget:
     tokenizer: str | None = None  # the model it serves (folder, .gguf or Hub id) when known; None: a URL
 
 
+# A comparison runs every target in turn from this process: bounded whoever asks (CLI, UI, public or not).
+# Ours, not measured: 10x the CLI's default request count, vLLM's largest --max-num-seqs default (1024)
+# as concurrency, and lengths beyond any context we serve on a CPU.
+COMPARE_LIMITS = {"num_prompts": 10_000, "max_concurrency": 1024, "input_len": 131_072, "output_len": 32_768}
+MAX_COMPARE_RUNS = 16  # concurrencies in one comparison, each a run of num_prompts per target
+
+
 @dataclass(slots=True)
 class Workload:
     dataset: str = "chat"
@@ -59,6 +66,12 @@ class Workload:
     ignore_eos: bool = False
     tokenizer: str | None = None  # random prompts as token ids of this tokenizer (vLLM's random dataset)
     salt: str = ""  # before every prompt: one per target (prompt_salts)
+
+    def __post_init__(self) -> None:
+        for name, limit in COMPARE_LIMITS.items():
+            value = getattr(self, name)
+            if not 1 <= value <= limit:
+                raise ValueError(f"{name} must be in 1..{limit:,} for a comparison, got {value}")
 
     def config(self, target: CompareTarget) -> BenchConfig:
         return BenchConfig(
@@ -115,6 +128,8 @@ def split_runs(
     """One seed's request stream cut into the warm-up (its first `warmup` requests) and then one slice of
     num_prompts per concurrency, in order: no run re-sends another's prompts (a server's prefix cache
     would serve them), and every target gets the same slice at the same concurrency."""
+    if len(concurrencies) > MAX_COMPARE_RUNS:
+        raise ValueError(f"at most {MAX_COMPARE_RUNS} concurrencies per comparison, got {len(concurrencies)}")
     warm = replace(workload, num_prompts=warmup, max_concurrency=max(concurrencies)) if warmup else None
     runs = [
         replace(workload, max_concurrency=c, skip_requests=warmup + i * workload.num_prompts)

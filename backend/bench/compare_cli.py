@@ -94,11 +94,11 @@ def main(args: argparse.Namespace) -> int:
             ignore_eos=args.ignore_eos,
             tokenizer=model,  # `random` as vLLM's: token ids of the model's tokenizer
         )
+        warmup, runs = split_runs(workload, args.max_concurrency, args.warmup)
     except ValueError as exc:
         raise SystemExit(f"compare: {exc}") from None
     if args.quality_chunks < 0:
         raise SystemExit(f"compare: --quality-chunks must be >= 0, got {args.quality_chunks}")
-    warmup, runs = split_runs(workload, args.max_concurrency, args.warmup)
     comparison = Comparison(workload, [])
     with quality_reference(args, model) as quality:
         comparison.quality_reference = quality.reference if quality else None

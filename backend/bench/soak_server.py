@@ -30,8 +30,8 @@ def metric_value(text: str, name: str) -> float | None:
 
 
 class ServerUnderTest:
-    def __init__(self, base_url: str | None, model: str | None) -> None:
-        self.base_url, self.model = base_url, model
+    def __init__(self, base_url: str | None, model: str | None, extra_args: tuple[str, ...] = ()) -> None:
+        self.base_url, self.model, self.extra_args = base_url, model, extra_args
         self.proc: subprocess.Popen | None = None
         self.url = base_url.rstrip("/") if base_url else ""
 
@@ -55,6 +55,7 @@ class ServerUnderTest:
             port = sock.getsockname()[1]
         command = [sys.executable, "app.py", "serve", "--port", str(port), "--disable-uvicorn-access-log"]
         command += ["--model", self.model] if self.model else []
+        command += list(self.extra_args)
         self.log = Path(tempfile.mkstemp(prefix="soak-server-", suffix=".log")[1])
         print(f"starting {' '.join(command[1:])} (log: {self.log})", flush=True)
         with self.log.open("w") as out:

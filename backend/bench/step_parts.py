@@ -39,17 +39,17 @@ class PartTimer:
 def labelled_targets() -> list[tuple[object, str, str]]:
     """(owner, attribute, label) of what label_kernels() wraps."""
     from backend.engine import cpu_kernels
-    from backend.engine.models import llama
+    from backend.engine.layers import attention, mlp
 
     names = ["paged_decode_attention", "paged_prefill_attention", "rope_and_cache", "rms_norm"]
     names += ["add_rms_norm", "silu_and_mul", "linear_bf16_small", "gemm_bf16", "gemm_bf16_silu_and_mul"]
     names += ["quant_gemv", "quant_gemm", "quant_dequant", "packed_gemv", "interleaved_gemm"]  # quantized
     targets: list[tuple[object, str, str]] = [(cpu_kernels, name, f"cpu_kernels.{name}") for name in names]
     targets += [
-        (llama, "paged_attention", "attention (all of it)"),
-        (llama, "write_kv_cache", "write_kv_cache (PyTorch)"),
-        (llama.Attention, "forward", "Attention.forward (all of it)"),
-        (llama.MLP, "forward", "MLP.forward (all of it)"),
+        (attention, "paged_attention", "attention (all of it)"),
+        (attention, "write_kv_cache", "write_kv_cache (PyTorch)"),
+        (attention.Attention, "forward", "Attention.forward (all of it)"),
+        (mlp.GatedMLP, "forward", "MLP.forward (all of it)"),
     ]
     return targets
 

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import queue
 import threading
 import uuid
@@ -38,6 +39,7 @@ from backend.engine.output_collector import RequestOutputCollector
 from backend.engine.outputs import RequestOutput
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.stats import EngineStats
+from backend.worker_pool import WorkerPool, WorkerTimeout
 
 if TYPE_CHECKING:
     from backend.engine.config import EngineConfig
@@ -45,6 +47,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_WAITING_REQUESTS = 256
+# Grammars compile on half the CPUs, as vLLM's StructuredOutputManager does ("CPU-bound ... we would never
+# dominate CPU usage with just grammar compilation"); a short line waits for them, then 503.
+GRAMMAR_WORKERS = max(1, ((os.cpu_count() or 1) + 1) // 2)
+GRAMMAR_MAX_WAITING = 16
+# llguidance compiles a grammar within our limits in ~20-600 ms on one core (docs/security.md); past this
+# the request is refused, and its thread, which cannot be stopped, keeps its slot until it ends
+GRAMMAR_TIMEOUT_S = 10.0
+# Tokenizer calls waiting for its one thread; each is bounded in length first (server/limits.py), so this
+# line is at most ~1 s of work on one core
+TOKENIZER_MAX_WAITING = 64
 
 
 class AsyncLLM:
@@ -70,6 +82,10 @@ class AsyncLLM:
         self.compute_threads: ComputeThreads | None = None  # set on the stepping thread once loaded
         # one thread, as vLLM: tokenizers are not safe to share between threads
         self._tokenizer_executor = ThreadPoolExecutor(1, thread_name_prefix="AsyncLLM-tokenizer")
+        self._tokenizer_jobs = 0  # submitted to the tokenizer thread, not yet done (under _lock)
+        self.grammar_pool = WorkerPool(
+            "grammar compiler", GRAMMAR_WORKERS, GRAMMAR_MAX_WAITING, timeout_s=GRAMMAR_TIMEOUT_S
+        )
         loaded: Future[LLM] = Future()
         self._thread = threading.Thread(
             target=self._run, args=(llm, loaded), name="AsyncLLM-engine", daemon=True
@@ -113,9 +129,33 @@ class AsyncLLM:
         return stats
 
     async def run_in_tokenizer(self, function: Callable[..., Any], *args: Any) -> Any:
-        """Run a tokenizer call (encode, chat template) off the event loop, on the tokenizer thread."""
+        """Run a tokenizer call (encode, chat template) off the event loop, on the tokenizer thread;
+        EngineOverloadedError when TOKENIZER_MAX_WAITING calls already wait for it; EngineDeadError once
+        the engine is shut down (a request that got the engine just before a relaunch stopped it)."""
+        with self._lock:
+            if self._dead is not None:
+                raise self._dead
+            if self._tokenizer_jobs > TOKENIZER_MAX_WAITING:
+                raise EngineOverloadedError(
+                    f"The server is overloaded: {self._tokenizer_jobs} requests wait for the tokenizer. "
+                    "Retry later."
+                )
+            self._tokenizer_jobs += 1
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._tokenizer_executor, functools.partial(function, *args))
+        try:
+            future = self._tokenizer_executor.submit(functools.partial(function, *args))
+        except RuntimeError:  # "cannot schedule new futures after shutdown": shut down since the check
+            self._tokenizer_done(None)
+            raise EngineDeadError("the engine was shut down") from None
+        except BaseException:
+            self._tokenizer_done(None)
+            raise
+        future.add_done_callback(self._tokenizer_done)  # counted until it ends, even if its caller left
+        return await asyncio.wrap_future(future, loop=loop)
+
+    def _tokenizer_done(self, _future: Future | None) -> None:
+        with self._lock:
+            self._tokenizer_jobs -= 1
 
     def add_request(
         self,
@@ -137,8 +177,15 @@ class AsyncLLM:
         self, requests: list[tuple[str, list[int], SamplingParams, str | None]], max_waiting_requests=None
     ) -> list[RequestOutputCollector]:
         """Admit a batch of (request_id, prompt_token_ids, params, prompt) all at once or none of them
-        (the errors of add_request): the whole batch must fit the waiting-queue limit."""
+        (the errors of add_request): the whole batch must fit the waiting-queue limit, and every
+        request's grammar must be compiled already."""
         ids = [self.engine.process_inputs(token_ids, params)[1] for _, token_ids, params, _ in requests]
+        for _, _, params, _ in requests:
+            if params.structured_outputs is not None and params.structured_outputs.compiled is None:
+                raise ValueError(  # the engine thread must never compile: a caller's bug, said plainly
+                    "structured outputs must be compiled before add_request: "
+                    "await compile_structured_output()"
+                )
         limit = self.max_waiting_requests
         if max_waiting_requests is not None:
             limit = min(limit, max_waiting_requests)
@@ -188,10 +235,23 @@ class AsyncLLM:
                 self._send(("abort", request_id))
 
     async def compile_structured_output(self, params: SamplingParams) -> None:
-        """Compile the request's grammar on a worker thread (ValueError if it cannot be compiled), so
-        the engine thread finds it cached."""
-        if params.structured_outputs is not None:
-            await asyncio.to_thread(self.engine.structured_output.compile, params.structured_outputs)
+        """Compile the request's grammar on the grammar pool and attach it to the params, so that the
+        engine thread never compiles. ValueError: over a limit, not compilable, or compiling took longer
+        than the pool's time limit; WorkerPoolFull: the pool and its line are full (retry later)."""
+        structured = params.structured_outputs
+        if structured is None or structured.compiled is not None:
+            return
+        if self._dead is not None:  # the grammar pool is shut down with the engine
+            raise self._dead
+        try:
+            structured.compiled = await self.grammar_pool.run(
+                self.engine.structured_output.compile, structured
+            )
+        except WorkerTimeout:
+            raise ValueError(
+                f"structured_outputs.{structured.kind} took longer than {self.grammar_pool.timeout_s:g} s "
+                "to compile (the limit); simplify it"
+            ) from None
 
     async def generate(
         self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None
@@ -221,6 +281,7 @@ class AsyncLLM:
         self._send(("stop",))
         self._thread.join()
         self._tokenizer_executor.shutdown(wait=False)
+        self.grammar_pool.shutdown()
 
     def _send(self, command: tuple) -> None:
         self._commands.put(command)
@@ -236,6 +297,10 @@ class AsyncLLM:
             return
         if self._adapt_threads:
             self.compute_threads = ComputeThreads.for_serving(self.engine.device)
+        try:  # llguidance's view of the vocabulary holds the GIL ~0.3 s in one call: pay it while loading,
+            self.engine.structured_output.tokenizer()  # not when a first grammar arrives amid streams
+        except Exception:  # a vocabulary llguidance cannot read: the first grammar request will say so
+            log.warning("llguidance cannot read this tokenizer; structured outputs will fail", exc_info=True)
         loaded.set_result(self.llm)
         reason = "the engine was shut down"
         try:

@@ -15,7 +15,7 @@ tables' width), so the logits are the eager path's bit for bit (tests/test_decod
 A step is captured-path only when every row is one plain decode that samples (no prefill chunk, no
 draft tokens) and its rows fit the kernels (GGUF blocks kept row by row, the K-types: quant_gemv's 8 rows,
 past which the eager module takes other kernels); any other step takes the modules.
-`unsupported_reason` says why a model cannot be captured at all (logged once when the engine starts).
+`decode_graph_support.unsupported_reason` says why a model cannot be captured at all (logged once at start).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import torch
 
 from backend.engine import cpu_kernels
-from backend.engine.decode_graph_memory import STEP_INTS, DecodeGraphShape, activation_widths
+from backend.engine.decode_graph_memory import STEP_INTS, activation_widths
+from backend.engine.decode_graph_support import decoder_layers, graph_shape, projections
 from backend.engine.graph_ops import (
     Op,
     add_rms_norm_op,
@@ -38,40 +39,13 @@ from backend.engine.graph_ops import (
     rope_and_cache_op,
     row_limit,
     silu_and_mul_op,
-    unsupported_linear,
 )
-from backend.engine.models.llama import DecoderLayer, LlamaForCausalLM, RMSNorm
+from backend.engine.layers.attention import Attention
+from backend.engine.layers.decoder import DecoderLayer
+from backend.engine.layers.mlp import GatedMLP
+from backend.engine.layers.norm import RMSNorm
+from backend.engine.models.base import CausalLM
 from backend.engine.scheduler import ScheduledSeq
-
-
-def decoder_layers(model: LlamaForCausalLM) -> list[DecoderLayer]:
-    layers = [layer for layer in model.layers if isinstance(layer, DecoderLayer)]
-    assert len(layers) == len(model.layers)
-    return layers
-
-
-def unsupported_reason(model: LlamaForCausalLM, uses_decode_kernel: bool) -> str | None:
-    """Why this model's decode steps cannot be captured (None: they can)."""
-    if not uses_decode_kernel or cpu_kernels.step_graph_op_size() != ctypes.sizeof(Op):
-        return "the native CPU kernels do not serve this device and dtype"
-    if model.args.qk_norm:
-        return "q/k norm (Qwen3) has no captured kernel"
-    layers = decoder_layers(model)
-    if not (layers[0].self_attn.use_kernel and layers[0].input_layernorm.use_kernel):
-        return "RoPE, the cache write or the norms are not on the native kernels"
-    if model.lm_head is None:
-        return "a tied lm_head that is not prepared"
-    dtype = model.norm.weight.dtype
-    return next((r for r in (unsupported_linear(p, dtype) for p in projections(model)) if r), None)
-
-
-def projections(model: LlamaForCausalLM) -> list:
-    """Every projection a decode step multiplies through, the lm_head last."""
-    found = []
-    for layer in decoder_layers(model):
-        found += [layer.self_attn.qkv_proj, layer.self_attn.o_proj]
-        found += [layer.mlp.gate_up_proj, layer.mlp.down_proj]
-    return [*found, model.lm_head]
 
 
 @dataclass(slots=True)
@@ -83,24 +57,10 @@ class StepRows:
     num_blocks: int  # max(blocks): the tables' width this step
 
 
-def graph_shape(model: LlamaForCausalLM) -> DecodeGraphShape:
-    """The widths that size a graph of this model's buffers (decode_graph_memory)."""
-    args = model.args
-    return DecodeGraphShape(
-        args.hidden_size,
-        args.intermediate_size,
-        args.num_heads,
-        args.num_kv_heads,
-        args.head_dim,
-        args.vocab_size,
-        model.norm.weight.element_size(),
-    )
-
-
 class DecodeGraph:
     def __init__(
         self,
-        model: LlamaForCausalLM,
+        model: CausalLM,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         max_num_seqs: int,
         max_model_len: int,
@@ -132,7 +92,9 @@ class DecodeGraph:
         """The step's calls in order: the embedding (where a kernel does it), then per layer its norms,
         projections, RoPE + cache write and attention."""
         model = self.model
-        embedding = embedding_op(model.embed_tokens, self.step_ints[0], self.hidden)
+        embedding = None  # the embedding's scale (embedding_scale) has no captured call: the torch call does
+        if model.embedding_scale == 1.0:
+            embedding = embedding_op(model.embed_tokens, self.step_ints[0], self.hidden)
         self.embeds_in_graph = embedding is not None
         ops: list[Op] = [embedding] if embedding is not None else []
         residual = self.hidden
@@ -156,9 +118,11 @@ class DecodeGraph:
         return stream
 
     def attention_ops(self, layer: DecoderLayer, kv_cache: tuple[torch.Tensor, torch.Tensor]) -> list[Op]:
-        attention, model = layer.self_attn, self.model
+        attention: Attention = layer.self_attn
         positions, slots, context_lens = self.step_ints[1], self.step_ints[2], self.step_ints[3]
-        rope = (model.rope_cos, model.rope_sin)
+        assert attention.spec.rope is not None
+        table = self.model.rope_tables[attention.spec.rope]
+        rope = (table.cos, table.sin)
         return [
             *linear_ops(attention.qkv_proj, self.normed, self.qkv),
             rope_and_cache_op(
@@ -178,6 +142,7 @@ class DecodeGraph:
 
     def mlp_ops(self, layer: DecoderLayer) -> list[Op]:
         mlp = layer.mlp
+        assert isinstance(mlp, GatedMLP)
         if mlp.fused_silu_and_mul:
             ops = linear_ops(mlp.gate_up_proj, self.normed, self.activation)
         else:
@@ -219,7 +184,7 @@ class DecodeGraph:
         copy_rows(step.tables, self.block_tables, rows, step.num_blocks)
         if not self.embeds_in_graph:
             with torch.inference_mode():
-                self.hidden[:rows].copy_(self.model.embed_tokens(self.step_ints[0, :rows]))
+                self.hidden[:rows].copy_(self.model.embed(self.step_ints[0, :rows]))
         cpu_kernels.run_step_graph(self.ops, rows)
         return self.logits[:rows].float()
 

@@ -1,11 +1,12 @@
-"""A GGUF file's config and tokenizer, converted by transformers once and kept as a Hugging Face folder,
-and its tensor table (names, types, shapes, offsets).
+"""A GGUF file's config and tokenizer, converted once and kept as a Hugging Face folder, and its tensor
+table (names, types, shapes, offsets).
 
-transformers reads a GGUF's metadata by parsing the whole file, once for the config and once more for the
-tokenizer (tens of thousands of vocabulary strings, seconds each on a small CPU). The converted
-config.json and tokenizer files are saved under ~/.cache/llm-playground/gguf/<key>/, the key made of the
-file's resolved path, inode, size, modification time and the transformers version, so a changed file or a new
-transformers converts again. A folder is used only when it is complete (written to a temporary folder,
+The config comes from the file's metadata (gguf/hf_config.py, every llama.cpp architecture of
+gguf/families.py); the tokenizer from transformers' GGUF tokenizer builder (tens of thousands of
+vocabulary strings, seconds on a small CPU). The converted config.json and tokenizer files are saved
+under ~/.cache/llm-playground/gguf/<key>/, the key made of the file's resolved path, inode, size,
+modification time, the transformers version and CONVERSION_VERSION, so a changed file, a new transformers
+or a new conversion converts again. A folder is used only when it is complete (written to a temporary folder,
 then renamed) and belongs to the current user; when the cache cannot be written, the load goes on
 without it. With the tensor table, a cached load memory-maps the weights and parses nothing.
 """
@@ -25,8 +26,14 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from gguf.quants import quant_shape_to_byte_shape
 
+from backend.engine.gguf.hf_config import config_dict
+from backend.engine.gguf.metadata import read_metadata
+from backend.engine.gguf.tokenizer import gguf_tokenizer
+from backend.model_limits import check_config, check_gguf_header
+
 log = logging.getLogger(__name__)
 COMPLETE = "converted-from-gguf"  # the marker written last
+CONVERSION_VERSION = "families-1"  # part of the key: change it when gguf/hf_config.py converts differently
 
 
 def cache_dir() -> Path:
@@ -37,7 +44,7 @@ def cache_dir() -> Path:
 def cache_key(path: Path) -> str:
     import transformers
 
-    return file_key(path, transformers.__version__)
+    return file_key(path, f"{transformers.__version__}|{CONVERSION_VERSION}")
 
 
 def file_key(path: Path, version: str) -> str:
@@ -57,13 +64,13 @@ def is_usable(folder: Path) -> bool:
     return owned and (folder / COMPLETE).is_file()
 
 
-def _convert(path: Path, trust_remote_code: bool) -> tuple[Any, Any]:
-    from transformers import AutoConfig, AutoTokenizer
+def _convert(path: Path) -> tuple[Any, Any]:
+    from transformers import AutoConfig
 
-    folder, name = str(path.parent), path.name
-    config = AutoConfig.from_pretrained(folder, gguf_file=name, trust_remote_code=trust_remote_code)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, trust_remote_code=trust_remote_code)
-    return config, tokenizer
+    config = AutoConfig.for_model(**config_dict(read_metadata(str(path))))
+    check_config(config.to_dict())
+    config._name_or_path = str(path.parent)
+    return config, gguf_tokenizer(str(path))
 
 
 def _save(config: Any, tokenizer: Any, target: Path) -> None:
@@ -81,7 +88,8 @@ def _save(config: Any, tokenizer: Any, target: Path) -> None:
 
 
 def config_and_tokenizer(gguf_path: str, trust_remote_code: bool = False) -> tuple[Any, Any, bool]:
-    """(config, tokenizer, from_cache) of a GGUF file."""
+    """(config, tokenizer, from_cache) of a GGUF file (trust_remote_code applies to a cached folder only:
+    the config and tokenizer classes of a GGUF are transformers' own)."""
     from transformers import AutoConfig, AutoTokenizer
 
     path = Path(gguf_path)
@@ -90,7 +98,7 @@ def config_and_tokenizer(gguf_path: str, trust_remote_code: bool = False) -> tup
         config = AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
         config._name_or_path = str(path.parent)  # as transformers names a config read from the file
         return config, AutoTokenizer.from_pretrained(target, trust_remote_code=trust_remote_code), True
-    config, tokenizer = _convert(path, trust_remote_code)
+    config, tokenizer = _convert(path)
     try:
         _save(config, tokenizer, target)
     except OSError as exc:  # read-only home, full disk: this load is fine, the next one converts again
@@ -142,6 +150,7 @@ def tensors(gguf_path: str) -> tuple[str, list[GGUFTensor]]:
     if saved is not None:
         file = np.memmap(path, dtype=np.uint8, mode="r")
         return saved["architecture"], [_tensor(file, *entry) for entry in saved["tensors"]]
+    check_gguf_header(path)
     reader = GGUFReader(path)
     field = reader.fields["general.architecture"]
     architecture = bytes(field.parts[field.data[0]]).decode()

@@ -14,7 +14,7 @@ import torch
 
 from backend.engine import cpu_kernels
 from backend.engine.device import cpu_has_fast_bf16
-from backend.engine.models.llama import Linear
+from backend.engine.layers.linear import Linear
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.interleaved import Interleaved
 from backend.engine.quantization.quantized_linear import QuantizedEmbedding, QuantizedLinear

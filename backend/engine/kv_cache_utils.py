@@ -12,16 +12,16 @@ import torch
 
 from backend.engine import cpu_kernels
 from backend.engine.config import EngineConfig
-from backend.engine.decode_graph import graph_shape, unsupported_reason
 from backend.engine.decode_graph_memory import DecodeGraphShape, decode_graph_bytes
+from backend.engine.decode_graph_support import graph_shape, unsupported_reason
 from backend.engine.device import kv_cache_budget_bytes
 from backend.engine.model_runner import ModelRunner
-from backend.engine.models.llama import LlamaForCausalLM
+from backend.engine.models.base import CausalLM
 
 
-def decode_graph_shape(model: LlamaForCausalLM, config: EngineConfig) -> DecodeGraphShape | None:
+def decode_graph_shape(model: CausalLM, config: EngineConfig) -> DecodeGraphShape | None:
     """The widths of the decode graph the engine will capture (None: enforce_eager, or a model that
-    cannot be captured: decode_graph.unsupported_reason)."""
+    cannot be captured: decode_graph_support.unsupported_reason)."""
     weight = model.norm.weight
     if config.enforce_eager or unsupported_reason(model, cpu_kernels.supports(weight.device, weight.dtype)):
         return None
@@ -29,7 +29,7 @@ def decode_graph_shape(model: LlamaForCausalLM, config: EngineConfig) -> DecodeG
 
 
 def size_kv_pool(
-    config: EngineConfig, hf_config: Any, model: LlamaForCausalLM, device: torch.device
+    config: EngineConfig, hf_config: Any, model: CausalLM, device: torch.device
 ) -> tuple[int, int]:
     """(number of KV blocks, max_model_len): the pool always holds at least one max-length sequence."""
     bs = config.block_size

@@ -17,7 +17,7 @@ from backend.engine.exceptions import describe
 from backend.engine.fault_injection import check_fault, fault_injector_from_env
 from backend.engine.kv_cache_utils import size_kv_pool
 from backend.engine.load_phases import LoadPhases
-from backend.engine.loader import load_model, rope_tables
+from backend.engine.loader import load_model
 from backend.engine.model_runner import ModelRunner
 from backend.engine.outputs import RequestMetrics, RequestOutput
 from backend.engine.parallel_sampling import fork_samples
@@ -59,8 +59,7 @@ class LLMEngine:
         self.weights_bytes = model.weights_bytes()
         with phases.phase("allocate KV cache"):
             num_blocks, self.max_model_len = size_kv_pool(config, self.hf_config, model, self.device)
-            cos, sin = rope_tables(self.hf_config, model.args.head_dim, self.max_model_len)
-            model.rope_cos, model.rope_sin = cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
+            model.init_rope(self.max_model_len)
             self.runner = ModelRunner(model, num_blocks, config.block_size, config.kv_cache_dtype)
             self.capture_decode_steps(config)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)

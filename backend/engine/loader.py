@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,25 +19,25 @@ import torch
 
 from backend.engine.gguf_cache import config_and_tokenizer
 from backend.engine.load_phases import LoadPhases
-from backend.engine.models.llama import FUSED, LlamaForCausalLM, ModelArgs
+from backend.engine.models.base import CausalLM
+from backend.engine.models.registry import model_class, resolve_architecture, supported_architectures
 from backend.engine.quantization.compressed_tensors import Fp8Weight, take_compressed, weight_args
 from backend.engine.quantization.gguf_reader import QuantizedWeight, read_gguf_tensors
 from backend.engine.quantization.gptq_awq import METHODS, PackedWeight, take_packed
 from backend.engine.quantization.install import install_quantized
 from backend.engine.quantization.quantized_linear import Part, dequantize_part
 from backend.errors import ModelNotFound
+from backend.model_limits import check_config, read_config_json
 from backend.model_names import served_model_name
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
-_MODEL_TYPES |= {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+SUPPORTED_ARCHITECTURES = supported_architectures()  # models/registry.py
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 HUB_ALLOW_PATTERNS = ("*.json", "*.safetensors", "tokenizer*", "*.txt")  # what a Hub model download fetches
 
 
 @dataclass(slots=True)
 class LoadedModel:
-    model: LlamaForCausalLM
+    model: CausalLM
     hf_config: Any
     tokenizer: Any
     name: str
@@ -74,14 +73,8 @@ def resolve_model(model: str) -> tuple[str, str | None]:
 
 
 def architecture_of(hf_config: Any) -> str:
-    archs = getattr(hf_config, "architectures", None) or []
-    arch = archs[0] if archs else _MODEL_TYPES.get(getattr(hf_config, "model_type", ""), "")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        found = arch or getattr(hf_config, "model_type", "unknown")
-        raise ValueError(
-            f"Unsupported architecture {found!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
-    return arch
+    """The registered architecture that runs hf_config (ValueError naming the supported ones)."""
+    return resolve_architecture(hf_config)
 
 
 def read_gguf(folder: str, gguf_file: str, trust_remote_code: bool) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -164,48 +157,6 @@ def read_state_dict(folder: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def model_args(hf_config: Any, state: Mapping[str, object]) -> ModelArgs:
-    if getattr(hf_config, "hidden_act", "silu") != "silu":
-        raise ValueError(f"Unsupported hidden_act {hf_config.hidden_act!r}; supported: silu")
-    heads = hf_config.num_attention_heads
-    prefix = "model.layers.0."
-    return ModelArgs(
-        vocab_size=hf_config.vocab_size,
-        hidden_size=hf_config.hidden_size,
-        intermediate_size=hf_config.intermediate_size,
-        num_layers=hf_config.num_hidden_layers,
-        num_heads=heads,
-        num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or heads,
-        head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
-        rms_norm_eps=hf_config.rms_norm_eps,
-        qkv_bias=prefix + "self_attn.q_proj.bias" in state,
-        o_bias=prefix + "self_attn.o_proj.bias" in state,
-        mlp_bias=prefix + "mlp.down_proj.bias" in state,
-        qk_norm=prefix + "self_attn.q_norm.weight" in state,
-        tie_word_embeddings="lm_head.weight" not in state
-        or bool(getattr(hf_config, "tie_word_embeddings", False)),
-    )
-
-
-def rope_tables(hf_config: Any, head_dim: int, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [max_positions, head_dim] in fp32, computed exactly as transformers does."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    params = getattr(hf_config, "rope_parameters", None) or {}
-    rope_type = params.get("rope_type", "default")
-    if rope_type in ("dynamic", "longrope"):
-        raise ValueError(f"Unsupported rope type {rope_type!r}; supported: default, linear, llama3, yarn")
-    if rope_type == "default":
-        theta = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-        scaling = 1.0
-    else:
-        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
-    freqs = torch.arange(max_positions, dtype=torch.float)[:, None] * inv_freq.float()[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos() * scaling, emb.sin() * scaling
-
-
 def load_model(
     model: str,
     dtype: torch.dtype,
@@ -221,11 +172,10 @@ def load_model(
         architecture_of(hf_config)  # fail fast, before reading weights
     quantized: dict[str, Part] = {}
     with phases.phase("read weights"):
-        if gguf_file and not dequantize_weights:  # quantized tensors kept as stored
-            state, gguf_quantized = read_gguf_tensors(str(Path(folder) / gguf_file), hf_config)
+        if gguf_file:  # quantized tensors kept as stored, or decoded
+            path = str(Path(folder) / gguf_file)
+            state, gguf_quantized = read_gguf_tensors(path, hf_config, keep_blocks=not dequantize_weights)
             quantized = dict(gguf_quantized)
-        elif gguf_file:
-            state = read_gguf(folder, gguf_file, trust_remote_code)[1]
         else:
             state = read_state_dict(folder)
             quantized = read_packed(state, hf_config, dequantize_weights)
@@ -246,6 +196,7 @@ def read_config_and_tokenizer(folder: str, gguf_file: str | None, trust_remote_c
 
     if gguf_file:
         return config_and_tokenizer(str(Path(folder) / gguf_file), trust_remote_code)[:2]
+    check_config(read_config_json(Path(folder) / "config.json"))  # bounded before transformers reads it
     config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
     return config, AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
 
@@ -256,11 +207,14 @@ def build_model(
     quantized: dict[str, Part],
     dtype: torch.dtype,
     device: torch.device,
-) -> LlamaForCausalLM:
-    """The model built on the meta device, then filled: quantized layers installed, the rest copied."""
-    args = model_args(hf_config, {**state, **quantized})
+) -> CausalLM:
+    """The registered class built on the meta device and checked against the checkpoint's names and shapes,
+    then allocated and filled: quantized layers installed, the rest copied, constant factors folded."""
+    cls = model_class(architecture_of(hf_config))
+    args = cls.args_from_config(hf_config, {**state, **quantized})
     with torch.device("meta"):
-        net = LlamaForCausalLM(args)
+        net = cls(args, hf_config)
+    net.checkpoint_names().check({name: tuple(t.shape) for name, t in state.items()}, quantized)
     net = net.to_empty(device=device).to(dtype)
     for weight in quantized.values():
         if isinstance(weight, PackedWeight):
@@ -270,9 +224,10 @@ def build_model(
             weight.weight, weight.scale = weight.weight.to(device), weight.scale.to(device)
         elif isinstance(weight, QuantizedWeight):
             weight.data = weight.data.to(device)
-    state |= install_quantized(net, quantized, FUSED)
+    state |= install_quantized(net, quantized)
     net.load_hf_state_dict(state)
     state.clear()
+    net.fold_scales()
     net.prepare_weights()
     return net
 
@@ -281,9 +236,9 @@ def generation_eos(folder: str, gguf_file: str | None, hf_config: Any) -> set[in
     """End-of-sequence ids from generation_config.json, else from the model config."""
     from transformers import GenerationConfig
 
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    try:
-        gen_eos = GenerationConfig.from_pretrained(folder, **kwargs).eos_token_id
+    try:  # a GGUF's is its config's (gguf/hf_config.py): the file has no generation config
+        gen_eos = GenerationConfig.from_pretrained(folder).eos_token_id if not gguf_file else None
     except OSError:
-        gen_eos = getattr(hf_config, "eos_token_id", None)
+        gen_eos = None
+    gen_eos = gen_eos if gen_eos is not None else getattr(hf_config, "eos_token_id", None)
     return set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])

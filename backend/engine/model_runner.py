@@ -13,8 +13,9 @@ from backend.engine import cpu_kernels
 from backend.engine.attention import AttentionMetadata, PrefillChunk, pool_rows
 from backend.engine.config import KV_CACHE_DTYPES
 from backend.engine.cpu_kernels import PrefillKernelInputs
-from backend.engine.decode_graph import DecodeGraph, unsupported_reason
-from backend.engine.models.llama import LlamaForCausalLM
+from backend.engine.decode_graph import DecodeGraph
+from backend.engine.decode_graph_support import unsupported_reason
+from backend.engine.models.base import CausalLM
 from backend.engine.scheduler import ScheduledSeq
 
 
@@ -44,7 +45,7 @@ def int64_tensor(values: list[int], device: torch.device) -> torch.Tensor:
     return torch.frombuffer(array.array("q", values), dtype=torch.int64).to(device)
 
 
-def kv_cache_torch_dtype(model: LlamaForCausalLM, kv_cache_dtype: str) -> torch.dtype:
+def kv_cache_torch_dtype(model: CausalLM, kv_cache_dtype: str) -> torch.dtype:
     """The KV pool's element type: the model's dtype for "auto", else vLLM's fp8 formats."""
     return FP8_CACHE_DTYPES.get(kv_cache_dtype, model.norm.weight.dtype)
 
@@ -67,19 +68,23 @@ def is_decode(item: ScheduledSeq) -> bool:
 
 class ModelRunner:
     def __init__(
-        self, model: LlamaForCausalLM, num_blocks: int, block_size: int, kv_cache_dtype: str = "auto"
+        self, model: CausalLM, num_blocks: int, block_size: int, kv_cache_dtype: str = "auto"
     ) -> None:
         self.model = model
-        args = model.args
         self.device = model.norm.weight.device
         self.dtype = model.norm.weight.dtype
         self.kv_dtype = kv_cache_torch_dtype(model, kv_cache_dtype)
         self.block_size = block_size
-        shape = (args.num_kv_heads, num_blocks, block_size, args.head_dim)
-        self.kv_caches = [
-            (kv_pool(shape, self.kv_dtype, self.device), kv_pool(shape, self.kv_dtype, self.device))
-            for _ in range(args.num_layers)
-        ]
+        if len({(s.num_kv_heads, s.head_dim) for s in model.attention_specs}) != 1:
+            raise ValueError(
+                "layers with different KV heads or head sizes are not supported by the KV pool yet"
+            )
+        self.kv_caches = []  # a K and a V pool per layer: [num_kv_heads, num_blocks, block_size, head_dim]
+        for spec in model.attention_specs:
+            shape = (spec.num_kv_heads, num_blocks, block_size, spec.head_dim)
+            self.kv_caches.append(
+                (kv_pool(shape, self.kv_dtype, self.device), kv_pool(shape, self.kv_dtype, self.device))
+            )
         self.decode_kernel = cpu_kernels.supports(self.device, self.dtype)
         self.prefill_kernel = cpu_kernels.prefill_attention_enabled(self.device, self.dtype)
         self.decode_graph: DecodeGraph | None = None  # set by capture_decode_graph
@@ -95,10 +100,10 @@ class ModelRunner:
         return reason
 
     @staticmethod
-    def bytes_per_block(model: LlamaForCausalLM, block_size: int, kv_cache_dtype: str = "auto") -> int:
-        args = model.args
+    def bytes_per_block(model: CausalLM, block_size: int, kv_cache_dtype: str = "auto") -> int:
+        """K and V bytes of one block in every layer's pool."""
         element = kv_cache_torch_dtype(model, kv_cache_dtype).itemsize
-        return 2 * args.num_layers * block_size * args.num_kv_heads * args.head_dim * element
+        return sum(2 * block_size * s.num_kv_heads * s.head_dim * element for s in model.attention_specs)
 
     @property
     def pool_shape(self) -> tuple[int, int]:

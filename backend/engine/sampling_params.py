@@ -33,6 +33,9 @@ class StructuredOutputsParams:
     disable_any_whitespace: bool = False
     disable_additional_properties: bool = False
     whitespace_pattern: str | None = None
+    # the compiled matcher, set off the engine thread (AsyncLLM.compile_structured_output) so that the
+    # engine thread only copies it; never read from a request body (init=False)
+    compiled: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         given = [name for name in self.kinds() if getattr(self, name) not in (None, False)]

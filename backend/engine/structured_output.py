@@ -2,10 +2,12 @@
 
 The grammar library is llguidance (vLLM's ``guidance`` backend; README, "Structured outputs", says why).
 ``compile()`` turns a StructuredOutputsParams into a validated matcher and caches it by its canonical
-form; the server calls it on a worker thread before the request reaches the engine, so the engine thread
-only copies the cached matcher (microseconds). Each sequence owns a copy that consumes every token it
-appends. Preemption recomputes KV from the sequence's tokens, which the matcher has already consumed, so
-its state stays right without a rollback.
+form; the server calls it on a bounded worker pool (AsyncLLM) before the request reaches the engine, and
+the compiled matcher travels with the request (``StructuredOutputsParams.compiled``), so the engine thread
+only copies it (microseconds), however many other grammars have churned through the cache meanwhile.
+Every grammar is checked against GrammarLimits first and compiled under llguidance's parser limits.
+Each sequence owns a copy that consumes every token it appends. Preemption recomputes KV from the
+sequence's tokens, which the matcher has already consumed, so its state stays right without a rollback.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import llguidance
 import llguidance.hf
 import torch
 
+from backend.engine.grammar_limits import check_structured_outputs, parser_limits
 from backend.engine.sampling_params import StructuredOutputsParams
 
 CACHE_SIZE = 256  # distinct grammars kept compiled; each matcher template is a few hundred KiB at most
@@ -113,15 +116,17 @@ class StructuredOutputManager:
             return self._tokenizer
 
     def compile(self, params: StructuredOutputsParams) -> llguidance.LLMatcher:
-        """The fresh matcher for these params, compiled once and cached; ValueError names the problem."""
+        """The fresh matcher for these params, compiled once and cached; ValueError names the problem
+        (a limit exceeded, or a grammar that does not compile)."""
         key = cache_key(params)
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
+        check_structured_outputs(params)
         tokenizer = self.tokenizer()
         source = grammar_source(params)
-        matcher = llguidance.LLMatcher(tokenizer, source, log_level=0)
+        matcher = llguidance.LLMatcher(tokenizer, source, log_level=0, limits=parser_limits())
         if matcher.is_error():
             raise ValueError(f"structured_outputs.{params.kind} cannot be compiled: {matcher.get_error()}")
         with self._lock:
@@ -131,8 +136,10 @@ class StructuredOutputManager:
         return matcher
 
     def grammar(self, params: StructuredOutputsParams) -> Grammar:
-        """A new per-sequence grammar (a copy of the cached, compiled template)."""
-        return Grammar(self.compile(params).deep_copy())
+        """A new per-sequence grammar: a copy of the matcher compiled for the request (the offline LLM,
+        which has no front end, compiles it here on first use)."""
+        template = params.compiled if params.compiled is not None else self.compile(params)
+        return Grammar(template.deep_copy())
 
     def apply_bitmask(self, logits: torch.Tensor, grammars: list[Grammar | None]) -> torch.Tensor:
         """logits [n, vocab] with -inf on every token a row's grammar forbids (a new tensor: the

@@ -37,6 +37,7 @@ class GPU:
     price_source: str
     fp4_native: bool = False  # FP4 tensor cores (Blackwell): vLLM runs MXFP4/NVFP4 weights as stored
     cpu: CPUHost | None = None  # a CPU host: its cores and ISA (the embedded engine's speed, cpu_speed.py)
+    listed: bool = True  # offered in plans, charts and recommendations (False: kept for published runs only)
 
     @property
     def is_cpu(self) -> bool:
@@ -88,6 +89,7 @@ def _gpus() -> dict[str, GPU]:
             price_source=g["price_source"],
             fp4_native=bool(g.get("fp4_native", False)),
             cpu=_cpu_host(g),
+            listed=bool(g.get("listed", True)),
         )
         for name, g in data.items()
     }
@@ -151,7 +153,8 @@ def _presets() -> dict[str, Path]:
 
 
 def list_gpus() -> list[str]:
-    return list(_gpus())
+    """The GPUs plans and charts offer (get_gpu also finds the unlisted ones the validation runs use)."""
+    return [name for name, gpu in _gpus().items() if gpu.listed]
 
 
 def list_quantizations() -> list[str]:

@@ -193,7 +193,7 @@ def _warnings(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan, 
 def _layout(req: PlanRequest, spec: ModelSpec) -> Layout:
     tp, max_len = validate_request(req, spec)
     gpu = get_gpu(req.gpu)
-    limits = resolve_limits(req, gpu, max_len)
+    limits = resolve_limits(req, gpu, max_len, moe=bool(spec.num_experts))
     return Layout(
         gpu, resolve_quant(req.quant, spec), get_kv_cache_dtype(req.kv_cache_dtype), tp, max_len, limits
     )

@@ -48,8 +48,10 @@ _CATALOG_MATCH = (
     ("T4", "T4"),
     ("V100", "V100-32GB"),
     ("RTX 4090", "RTX-4090"),
+    ("RTX 4080", "RTX-4080"),
     ("RTX 3090", "RTX-3090"),
     ("RTX PRO 6000", "RTX-PRO-6000"),
+    ("RTX 6000 Ada", "RTX-6000-Ada"),
 )
 
 

@@ -55,10 +55,36 @@ def weight_bytes_total(spec: ModelSpec, quant: Quantization, repacked: bool = Fa
     return int(total)
 
 
+# vLLM runs MXFP4 experts without FP4 tensor cores through the Marlin MoE kernel, which needs n % 256 and
+# k % 128 of each expert GEMM: create_weights pads intermediate_size_per_partition up to a multiple of 128
+# and hidden_size to 256 (vllm/model_executor/layers/quantization/mxfp4.py, Mxfp4Backend.MARLIN). Each
+# expert keeps 4-bit weights with an e8m0 scale per 32 (4.25 bits) and bf16 biases. gpt-oss-120b: 65.9 GiB
+# at TP=1 (65.97 logged on an H100, vllm#23278), gpt-oss-20b 13.66 GiB (13.72 on an A100).
+MARLIN_MXFP4_INTERMEDIATE_ALIGN, MARLIN_MXFP4_HIDDEN_ALIGN = 128, 256
+MXFP4_BITS = 4.25
+
+
+def _round_up(value: int, align: int) -> int:
+    return -(-value // align) * align
+
+
+def marlin_mxfp4_expert_bytes(spec: ModelSpec, tp: int) -> int:
+    """One GPU's MXFP4 experts once vLLM pads them for Marlin (every expert on every rank, 1/TP of each)."""
+    inter = _round_up(math.ceil(spec.moe_intermediate_size / tp), MARLIN_MXFP4_INTERMEDIATE_ALIGN)
+    hidden = _round_up(spec.hidden_size, MARLIN_MXFP4_HIDDEN_ALIGN)
+    per_expert = 3 * inter * hidden * MXFP4_BITS / 8 + (2 * inter + hidden) * 2
+    return int(spec.num_hidden_layers * spec.num_experts * per_expert)
+
+
 def weight_bytes_per_gpu(
     spec: ModelSpec, quant: Quantization, tp: int, pp: int, repacked: bool = False
 ) -> int:
-    """TP shards every matrix (embeddings are vocab-parallel); pipeline parallel splits the layers."""
+    """TP shards every matrix (embeddings are vocab-parallel); pipeline parallel splits the layers. MXFP4
+    experts that vLLM repacks for Marlin are counted with its padding (marlin_mxfp4_expert_bytes)."""
+    if repacked and quant.name == "mxfp4" and spec.num_experts and "experts" in quant.quantized:
+        experts = spec.params_by_kind.get("experts", 0)
+        rest = weight_bytes_total(spec, quant) - experts * quant.bits / 8
+        return math.ceil(rest / (tp * pp) + marlin_mxfp4_expert_bytes(spec, tp) / pp)
     return math.ceil(weight_bytes_total(spec, quant, repacked) / (tp * pp))
 
 
@@ -145,9 +171,8 @@ def vllm_profile_peak(
     bytes_per_logit: float = SAMPLER_BYTES_PER_LOGIT,
 ) -> int:
     """vLLM's "PyTorch activation peak": the forward pass and the sampler run one after the other, so the
-    peak is the larger of the two (num_reqs=0 where no sampler runs in the profile: V0 with chunked
-    prefill logs 0.19-0.22 GiB, the forward pass alone, vllm#13061 and the OCI A10 log). bytes_per_logit
-    depends on the vLLM version (vllm_versions.VllmFamily.sampler_bytes_per_logit)."""
+    peak is the larger of the two (num_reqs=0: no sampler, as on a pipeline stage before the last).
+    bytes_per_logit depends on the vLLM version (vllm_versions.VllmFamily.sampler_bytes_per_logit)."""
     return max(forward_activation_bytes(spec, tokens, tp), sampler_bytes(spec, num_reqs, bytes_per_logit))
 
 

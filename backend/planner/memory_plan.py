@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from backend.engine.decode_graph_memory import DecodeGraphShape, decode_graph_bytes
+from backend.engine.models.registry import traits_of
 from backend.engines import CONTEXT_ENGINES, GRAPH_ENGINES
 from backend.planner import memory
 from backend.planner.catalog import GIB, GPU, KVCacheDtype, Quantization
@@ -24,7 +25,6 @@ from backend.planner.vllm_rules import SchedulerLimits, non_torch_bytes
 EMBEDDED_AS_STORED: tuple[str, ...] = ("gguf-q4_0", "gguf-q4_1", "gguf-q8_0", "gguf-q4_k_s", "gguf-q4_k_m")
 EMBEDDED_AS_STORED += ("gguf-q6_k", "gptq-int4-g128", "gptq-int4-g32", "gptq-int8-g128", "awq-int4")
 LLAMA_UBATCH_LOGITS = memory.LLAMACPP_UBATCH * 4  # llama.cpp computes fp32 logits for a whole micro-batch
-QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")  # no captured q/k norm (decode_graph.unsupported_reason)
 # GGUF types the engine interleaves with fast bf16 (cpu_kernels.INTERLEAVED_TYPES); the others, and every
 # type without fast bf16, stay row by row on quant_gemv, whose captured calls take up to 8 rows
 # (cpu_kernels.QUANT_GEMV_MAX_ROWS, graph_ops.row_limit): a larger decode step runs eagerly
@@ -121,7 +121,7 @@ def _base_plan(req: PlanRequest, spec: ModelSpec, lay: Layout) -> MemoryPlan:
         max_sequence_bytes=memory.kv_bytes_per_sequence(spec, max_len, kv_bytes, tp, pp, bs),
         activation=0,
         overhead=(
-            non_torch_bytes(lay.limits.family, lay.gpu, tp, pp)
+            non_torch_bytes(lay.limits.family, lay.gpu, tp, pp, req.disable_custom_all_reduce)
             if req.engine == "vllm"
             else memory.non_torch_bytes(tp * pp)
         ),
@@ -135,15 +135,45 @@ def _base_plan(req: PlanRequest, spec: ModelSpec, lay: Layout) -> MemoryPlan:
     )
 
 
+@dataclass(slots=True, frozen=True)
+class ProfileParts:
+    """What vLLM's profile run holds at its peak, per GPU: the forward pass over max_num_batched_tokens,
+    the dummy sampler over num_reqs rows, and the sampler state Model Runner V2 keeps all along."""
+
+    num_reqs: int
+    forward: int
+    sampler: int
+    sampler_state: int
+
+    @property
+    def peak(self) -> int:
+        """The forward pass and the sampler run one after the other; the state sits under both."""
+        return self.sampler_state + max(self.forward, self.sampler)
+
+
+def vllm_profile_parts(spec: ModelSpec, lay: Layout) -> ProfileParts:
+    """profile_run's parts (vllm/v1/worker/gpu_model_runner.py, Model Runner V2's gpu/model_runner.py).
+    V0 (vllm/worker/model_runner.py profile_run, 0.6-0.10) samples max_num_seqs dummy prompts with top_k =
+    vocab - 1 whether or not chunked prefill is on, on the driver worker only (`if not
+    self.is_driver_worker: return []`), and the engine keeps the smallest block count of all ranks."""
+    limits = lay.limits
+    tokens = limits.max_num_batched_tokens
+    num_reqs = min(limits.max_num_seqs, tokens)
+    sampled_rows = math.ceil(num_reqs / lay.tp) if limits.sampler_shards else num_reqs
+    return ProfileParts(
+        num_reqs,
+        memory.forward_activation_bytes(spec, tokens, lay.tp),
+        memory.sampler_bytes(spec, sampled_rows, limits.sampler_bytes_per_logit),
+        memory.sampler_bytes(spec, limits.max_num_seqs, limits.sampler_state_bytes_per_logit),
+    )
+
+
 def _vllm(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> None:
     """vllm/v1/worker/gpu_worker.py determine_available_memory (V0: worker/worker.py
     determine_num_available_blocks): total x gpu_memory_utilization - weights - activation peak -
-    non-torch memory (- the CUDA-graph estimate from 0.21), floored to whole blocks."""
+    non-torch memory (- the CUDA-graph estimate from 0.21 on Model Runner V1), floored to whole blocks."""
     limits = lay.limits
-    tokens = limits.max_num_batched_tokens
-    v0_chunked = not limits.is_v1 and limits.chunked_prefill
-    num_reqs = 0 if v0_chunked else min(limits.max_num_seqs, tokens)
-    plan.activation = memory.vllm_profile_peak(spec, tokens, num_reqs, lay.tp, limits.sampler_bytes_per_logit)
+    plan.activation = vllm_profile_parts(spec, lay).peak
     budget = int(lay.gpu.usable_bytes * req.gpu_memory_utilization) - plan.weights
     budget -= plan.overhead + (plan.cuda_graphs if limits.subtracts_cuda_graphs else 0)
     per_block = plan.kv_bytes_per_token * req.block_size
@@ -192,7 +222,8 @@ def _decode_graph_shape(req: PlanRequest, spec: ModelSpec, lay: Layout) -> Decod
     run as stored); on one without, a GGUF run as stored, in fp32 (the engine's dtype there; its blocks
     row by row on quant_gemv). A running engine's plan says enforce_eager when it did not capture
     (launch_here.running_engine_request)."""
-    uncaptured = lay.quant.name in ("fp32", "fp16") or spec.model_type in QK_NORM_MODEL_TYPES
+    traits = traits_of(spec.architecture, spec.model_type)  # the engine's registry (None: it cannot run it)
+    uncaptured = lay.quant.name in ("fp32", "fp16") or traits is None or traits.qk_norm
     if lay.gpu.cpu is None or req.enforce_eager or uncaptured:
         return None
     fast_bf16 = lay.gpu.cpu.has_fast_bf16

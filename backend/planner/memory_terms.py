@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backend.planner import memory
 from backend.planner.catalog import GIB
-from backend.planner.memory_plan import Layout, MemoryPlan
+from backend.planner.memory_plan import Layout, MemoryPlan, vllm_profile_parts
 from backend.planner.request import PlanRequest
 from backend.planner.specs import ModelSpec
+from backend.planner.vllm_rules import custom_all_reduce
 
 
 @dataclass(slots=True, frozen=True)
@@ -32,30 +32,53 @@ def _gib(nbytes: float) -> str:
     return f"{nbytes / GIB:.2f} GiB"
 
 
-def _profile_terms(spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> list[MemoryTerm]:
-    limits, fam = lay.limits, lay.limits.family
-    tokens = limits.max_num_batched_tokens
-    num_reqs = 0 if (not limits.is_v1 and limits.chunked_prefill) else min(limits.max_num_seqs, tokens)
-    forward = memory.forward_activation_bytes(spec, tokens, lay.tp)
-    sampler = memory.sampler_bytes(spec, num_reqs, fam.sampler_bytes_per_logit)
-    sampler_how = (
-        f"{num_reqs} dummy requests x {spec.vocab_size:,} logits x {fam.sampler_bytes_per_logit:g} bytes "
-        f"(min(max_num_seqs {limits.max_num_seqs}, max_num_batched_tokens {tokens}); gathered whole on "
-        "every TP rank)"
-        if num_reqs
-        else "none: V0 with chunked prefill profiles the forward pass only"
+def _sampler_how(spec: ModelSpec, lay: Layout, rows: int) -> str:
+    limits = lay.limits
+    if not rows:
+        return "none: no dummy requests are sampled"
+    if limits.model_runner_v2:
+        path = "Model Runner V2's dummy batch without top-k/top-p: bf16 logits + fp32 copy"
+    elif limits.uses_flashinfer_sampler:
+        path = "FlashInfer top-k/top-p"
+    else:
+        path = "vLLM's own top-k/top-p"
+    shard = f", 1/{lay.tp} of the rows on each TP rank" if limits.sampler_shards and lay.tp > 1 else ""
+    return (
+        f"{rows} dummy requests x {spec.vocab_size:,} logits x {limits.sampler_bytes_per_logit:g} bytes, "
+        f"{path} (min(max_num_seqs {limits.max_num_seqs}, max_num_batched_tokens "
+        f"{limits.max_num_batched_tokens})){shard}"
     )
-    peak = "sampler" if sampler > forward else "forward pass"
-    return [
+
+
+def _profile_terms(spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> list[MemoryTerm]:
+    limits = lay.limits
+    parts = vllm_profile_parts(spec, lay)
+    peak = "sampler" if parts.sampler > parts.forward else "forward pass"
+    terms = [
         MemoryTerm(
             "profile forward pass",
-            forward,
+            parts.forward,
             False,
-            f"{tokens} batched tokens x (3 x MLP width / TP + 2 x hidden) x 2 bytes",
+            f"{limits.max_num_batched_tokens} batched tokens x (3 x MLP width / TP + 2 x hidden + q/k/v "
+            "width / TP) x 2 bytes",
         ),
-        MemoryTerm("profile sampler", sampler, False, sampler_how),
-        MemoryTerm("activation peak", plan.activation, True, f"the larger of the two ({peak})"),
+        MemoryTerm("profile sampler", parts.sampler, False, _sampler_how(spec, lay, parts.num_reqs)),
     ]
+    if parts.sampler_state:
+        terms.append(
+            MemoryTerm(
+                "sampler state",
+                parts.sampler_state,
+                False,
+                f"Model Runner V2's penalty bins: max_num_seqs {limits.max_num_seqs} x {spec.vocab_size:,} x "
+                f"{limits.sampler_state_bytes_per_logit:g} bytes, held all along",
+            )
+        )
+    state = " + sampler state" if parts.sampler_state else ""
+    terms.append(
+        MemoryTerm("activation peak", plan.activation, True, f"the larger of the two ({peak}){state}")
+    )
+    return terms
 
 
 def vllm_terms(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> list[MemoryTerm]:
@@ -63,7 +86,11 @@ def vllm_terms(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan)
     fam = lay.limits.family
     budget = int(lay.gpu.usable_bytes * req.gpu_memory_utilization)
     graphs_in = lay.limits.subtracts_cuda_graphs
-    link = "NVLink" if "NVLink" in lay.gpu.interconnect else "PCIe"
+    link = (
+        "NVLink, custom all-reduce"
+        if custom_all_reduce(lay.gpu, req.disable_custom_all_reduce)
+        else "NCCL only (no NVLink, or custom all-reduce off)"
+    )
     return [
         MemoryTerm(
             "budget",
@@ -77,13 +104,13 @@ def vllm_terms(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan)
             "non-torch",
             plan.overhead,
             True,
-            f"vLLM {fam.name}, TP={lay.tp} PP={req.pp} over {link} (NCCL / all-reduce buffers)",
+            f"vLLM {fam.name}, TP={lay.tp} PP={req.pp}, {link}",
         ),
         MemoryTerm(
             "CUDA graphs",
             plan.cuda_graphs,
             graphs_in,
-            "estimated before the KV cache and subtracted (vLLM >= 0.21)"
+            "estimated before the KV cache and subtracted (vLLM >= 0.21, Model Runner V1)"
             if graphs_in
             else "captured after the KV cache: outside gpu_memory_utilization's budget",
         ),

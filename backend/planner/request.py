@@ -48,6 +48,10 @@ class PlanRequest:
     enforce_eager: bool = False  # vLLM's: no CUDA graphs (the embedded engine: no captured decode step)
     vllm_version: str | None = None  # None = the version the export targets (vllm_rules.VLLM_TARGET_VERSION)
     usage_context: UsageContext = "openai_api_server"
+    # vLLM's VLLM_USE_FLASHINFER_SAMPLER as it took effect (the log's topk_topp_sampler line); None = the
+    # version's default (vllm_versions.VllmFamily.flashinfer_sampler_default)
+    flashinfer_sampler: bool | None = None
+    disable_custom_all_reduce: bool = False  # vLLM's flag, or vLLM turned it off (no P2P, across nodes)
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -77,6 +81,13 @@ def _check_counts(req: PlanRequest) -> None:
         req.usage_context in USAGE_CONTEXTS,
         f"usage_context must be one of {', '.join(USAGE_CONTEXTS)}, got {req.usage_context!r}",
     )
+    fi = req.flashinfer_sampler
+    _check(
+        fi is None or isinstance(fi, bool),
+        f"flashinfer_sampler must be true, false or None (the vLLM version's default), got {fi!r}",
+    )
+    car = req.disable_custom_all_reduce
+    _check(isinstance(car, bool), f"disable_custom_all_reduce must be true or false, got {car!r}")
     util = req.gpu_memory_utilization
     _check(
         isinstance(util, int | float) and 0 < util <= 1,

@@ -1,17 +1,25 @@
 """load_model_spec(): a ModelSpec from a bundled preset, a local folder, a GGUF file or a Hub id.
 
 Local folders and Hub repos are read from their safetensors headers (exact bytes per tensor, no weights
-downloaded); GGUF files from their tensor table (gguf's GGUFReader).
+downloaded); GGUF files from their tensor table (gguf's GGUFReader). Every config is bounded in size
+before it is read and range-checked before anything is computed from it (backend/model_limits.py).
+
+Hub reads send the owner's HF_TOKEN unless they run inside ``anonymous_hub()``: a public app plans a
+visitor's pick that way, so a visitor never reads what only the owner's token may see. Hub specs are kept
+in a bounded cache keyed by whether a token went with them.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from functools import cache
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from functools import cache, lru_cache
 from pathlib import Path
 
 from backend.errors import ModelNotFound, UserError
+from backend.model_limits import MAX_CONFIG_BYTES, UntrustedModelError, check_gguf_header, read_config_json
 from backend.planner.catalog import get_quantization, list_presets, preset_document
 from backend.planner.memory import weight_bytes_total
 from backend.planner.specs import PARAM_KINDS, ModelSpec, spec_from_config
@@ -28,7 +36,7 @@ def param_kind(name: str) -> str:
         return "embedding"
     if "norm" in n:
         return "other"
-    if ".experts." in n or "_exps" in n:
+    if ".experts." in n or "_exps" in n or "moe.input_linear" in n or "moe.output_linear" in n:  # granitemoe
         return "experts"
     if any(s in n for s in ("self_attn", "attention", ".attn.", "attn_")):
         return "attention"
@@ -68,7 +76,7 @@ def _local_folder_spec(folder: Path) -> ModelSpec:
         raise ValueError(
             f"{folder} has no config.json; a local model folder needs config.json and *.safetensors"
         )
-    config = json.loads(config_file.read_text())
+    config = read_config_json(config_file)
     if not any(folder.glob("*.safetensors")):
         return spec_from_config(config, folder.name, f"local:{folder} (config.json only, no safetensors)")
     metadata = get_local_safetensors_metadata(folder)
@@ -80,7 +88,7 @@ def _gguf_spec(path: Path) -> ModelSpec:
     return _gguf_spec_cached(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
 
 
-@cache
+@lru_cache(maxsize=32)  # local files, keyed by version: bounded all the same
 def _gguf_spec_cached(file: str, mtime_ns: int, size: int) -> ModelSpec:
     """GGUFReader parses the whole tokenizer (seconds): each file version is read once, and what the spec
     is made of is kept beside the engine's GGUF cache for the next process (the Launch card's plan)."""
@@ -95,24 +103,23 @@ def _gguf_spec_cached(file: str, mtime_ns: int, size: int) -> ModelSpec:
     return spec_from_config(**facts)
 
 
-GGUF_FACTS_VERSION = "planner-gguf-1"  # change it when _gguf_facts reads something else
+GGUF_FACTS_VERSION = "planner-gguf-3"  # change it when _gguf_facts reads something else
 
 
-def _gguf_facts(path: Path) -> dict:
-    """spec_from_config's arguments for a GGUF file, read from its metadata and tensor table."""
-    from gguf import GGUFReader, LlamaFileType
-
-    reader = GGUFReader(str(path))
-
-    def field(key: str, default=None):
-        item = reader.fields.get(key)
-        return item.contents() if item is not None else default
+def _gguf_config(path: Path, field, names: set[str]) -> dict:
+    """The transformers config the engine converts the file to (engine/gguf/hf_config.py: layer types,
+    head widths, expert counts as llama.cpp means them) for the families it knows; the generic keys of
+    llama.cpp's format for any other architecture."""
+    from backend.engine.gguf.families import FAMILIES
+    from backend.engine.gguf.hf_config import config_dict
+    from backend.engine.gguf.metadata import read_metadata
 
     arch = field("general.architecture", "llama")
+    if arch in FAMILIES:
+        return config_dict(read_metadata(str(path)))
     heads = field(f"{arch}.attention.head_count")
     hidden = field(f"{arch}.embedding_length")
-    names = {t.name for t in reader.tensors}
-    config = {
+    return {
         "architectures": [arch],
         "model_type": arch,
         "hidden_size": hidden,
@@ -121,16 +128,34 @@ def _gguf_facts(path: Path) -> dict:
         "num_attention_heads": heads,
         "num_key_value_heads": field(f"{arch}.attention.head_count_kv", heads),
         "head_dim": field(f"{arch}.attention.key_length", hidden // heads),
-        "vocab_size": field(f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data),
+        "vocab_size": field(f"{arch}.vocab_size") or len(field("tokenizer.ggml.tokens", [])),
         "max_position_embeddings": field(f"{arch}.context_length", 2048),
         "sliding_window": field(f"{arch}.attention.sliding_window"),
         "num_local_experts": field(f"{arch}.expert_count"),
         "num_experts_per_tok": field(f"{arch}.expert_used_count"),
         "tie_word_embeddings": "output.weight" not in names,
     }
+
+
+def _gguf_facts(path: Path) -> dict:
+    """spec_from_config's arguments for a GGUF file, read from its metadata and tensor table."""
+    from gguf import GGUFReader, LlamaFileType
+
+    from backend.engine.gguf.families import ROPE_TENSORS
+
+    check_gguf_header(path)  # counts and lengths bounded before GGUFReader allocates from them
+    reader = GGUFReader(str(path))
+
+    def field(key: str, default=None):
+        item = reader.fields.get(key)
+        return item.contents() if item is not None else default
+
+    names = {t.name for t in reader.tensors}
+    config = _gguf_config(path, field, names)
     params = dict.fromkeys(PARAM_KINDS, 0)
     for tensor in reader.tensors:
-        params[param_kind(tensor.name)] += int(tensor.n_elements)
+        if tensor.name not in ROPE_TENSORS:  # RoPE factors llama.cpp stores as tensors: config, not weights
+            params[param_kind(tensor.name)] += int(tensor.n_elements)
     file_type = field("general.file_type")
     dtype = (
         "gguf-" + LlamaFileType(file_type).name.removeprefix("MOSTLY_").lower()
@@ -179,26 +204,57 @@ def hub_unreachable_reason(timeout: float = 3.0) -> str | None:
     return None
 
 
-@cache
-def _hub_spec(repo_id: str, revision: str | None) -> ModelSpec:
-    from huggingface_hub import get_safetensors_metadata, hf_hub_download
+HUB_SPEC_CACHE = 64  # distinct Hub models planned and kept (visitors name any id they like)
+# None: huggingface_hub's own choice (the HF_TOKEN of the environment); False: no token at all
+_HUB_TOKEN: ContextVar[bool | None] = ContextVar("hub_token", default=None)
+
+
+@contextmanager
+def anonymous_hub() -> Iterator[None]:
+    """Within it, Hub reads send no token: what a public app's visitor asks for is read as anyone would."""
+    reset = _HUB_TOKEN.set(False)
+    try:
+        yield
+    finally:
+        _HUB_TOKEN.reset(reset)
+
+
+@lru_cache(maxsize=HUB_SPEC_CACHE)
+def _hub_spec(repo_id: str, revision: str | None, token: bool | None = None) -> ModelSpec:
+    from huggingface_hub import get_safetensors_metadata
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
     reason = hub_unreachable_reason()
     if reason:
         raise ValueError(_offline_message(repo_id, reason))
     try:
-        config = json.loads(Path(hf_hub_download(repo_id, "config.json", revision=revision)).read_text())
-        metadata = get_safetensors_metadata(repo_id, revision=revision)
+        config = _hub_config(repo_id, revision, token)
+        metadata = get_safetensors_metadata(repo_id, revision=revision, token=token)
     except RepositoryNotFoundError:
         raise ValueError(_offline_message(repo_id, "no such repository, or it is private")) from None
     except GatedRepoError:
         raise ValueError(
             _offline_message(repo_id, "gated repository: log in with a token that has access")
         ) from None
+    except UntrustedModelError:
+        raise
     except Exception as exc:  # offline, DNS, timeouts, no safetensors: all end in the same advice
         raise ValueError(_offline_message(repo_id, f"{type(exc).__name__}: {str(exc)[:160]}")) from None
     return _spec_from_safetensors(config, repo_id, f"hub:{repo_id}", metadata)
+
+
+def _hub_config(repo_id: str, revision: str | None, token: bool | None) -> dict:
+    """The repo's config.json: its size asked first, downloaded only within MAX_CONFIG_BYTES."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+
+    url = hf_hub_url(repo_id, "config.json", revision=revision)
+    size = get_hf_file_metadata(url, token=token).size
+    if size is None or size > MAX_CONFIG_BYTES:
+        raise UntrustedModelError(
+            f"{repo_id}'s config.json is {size or 'an unknown number of'} bytes; a model config may be at "
+            f"most {MAX_CONFIG_BYTES:,} bytes"
+        )
+    return read_config_json(hf_hub_download(repo_id, "config.json", revision=revision, token=token))
 
 
 def _find_preset(model: str) -> str | None:
@@ -224,7 +280,7 @@ def load_model_spec(model: str, revision: str | None = None) -> ModelSpec:
     if preset:
         return _preset_spec(preset)
     if model.count("/") == 1 and not model.startswith((".", "/", "~")):
-        return _hub_spec(model, revision)
+        return _hub_spec(model, revision, _HUB_TOKEN.get())
     raise ValueError(
         f"unknown model {model!r}: not a local folder or .gguf file, not a Hub id (owner/name), and not a "
         f"bundled preset. Presets: {', '.join(list_presets())}"

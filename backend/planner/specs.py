@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from backend.model_limits import check_config
+
 # What each group of weights is, so that a quantization can keep some of them 16-bit. "mtp" is DeepSeek's
 # multi-token-prediction layer, which vLLM loads only for MTP speculative decoding.
 PARAM_KINDS = ("embedding", "attention", "mlp", "experts", "other", "vision", "mtp")
@@ -183,6 +185,7 @@ def spec_from_config(
     checkpoint_dtype: str | None = None,
 ) -> ModelSpec:
     """Build a ModelSpec; params/weights_bytes from a tensor table override the formula when given."""
+    check_config(config)  # a stranger's config: every count in range before anything is computed from it
     c = _text_config(config)
     kinds = params or count_params(config)
     total = sum(kinds.values())

@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # types only: validation.py imports this module
-    from backend.planner.validation import RunResult, Summary
+from backend.planner.validation_runs import RunResult, Summary
 
 
 def _cell(value: float | None, fmt: str) -> str:
@@ -19,7 +16,7 @@ def format_row(r: RunResult) -> str:
     verdict = ("start" if r.starts else "refuse") + ("" if r.verdict_right else " WRONG")
     split = "excluded" if r.run.excluded else r.run.split
     return (
-        f"{r.run.id:<36}{split:<9}{r.run.vllm_version:>7} {r.run.gpu:<10}"
+        f"{r.run.id:<42}{split:<9}{r.run.vllm_version:>7} {r.run.gpu:<16}"
         f"{_cell(logged.get('weights_gib'), '7.2f')}{r.weights_gib:7.2f}"
         f"{_cell(logged.get('kv_cache_gib'), '8.2f')}{r.kv_gib:8.2f}{_cell(r.kv_error, '+8.1%')}"
         f"{_cell(logged.get('activation_gib'), '7.2f')}{r.activation_gib:7.2f}"
@@ -29,7 +26,7 @@ def format_row(r: RunResult) -> str:
 
 def format_table(results: list[RunResult]) -> str:
     head = (
-        f"{'run':<36}{'split':<9}{'vLLM':>7} {'GPU':<10}{'w log':>7}{'w est':>7}{'KV log':>8}{'KV est':>8}"
+        f"{'run':<42}{'split':<9}{'vLLM':>7} {'GPU':<16}{'w log':>7}{'w est':>7}{'KV log':>8}{'KV est':>8}"
         f"{'KV err':>8}{'act lg':>7}{'act es':>7}{'nt lg':>6}{'nt es':>6}  verdict"
     )
     lines = [head, "-" * len(head), *(format_row(r) for r in results)]
@@ -51,8 +48,11 @@ def format_summary(s: Summary) -> str:
 
 
 def format_categories(s: Summary) -> str:
-    rows = [f"  {name:<30}{err:>8.1%}" for name, err in sorted(s.category_median_errors.items())]
-    return "\n".join([f"{s.split}: median |KV error| by category", *rows])
+    rows = [
+        f"  {name:<36}{err:>8.1%}   {s.category_within_10[name][0]:>3}/{s.category_within_10[name][1]:<3}"
+        for name, err in sorted(s.category_median_errors.items())
+    ]
+    return "\n".join([f"{s.split}: median |KV error| by category, and runs within 10%", *rows])
 
 
 def format_report(results: list[RunResult], summaries: list[Summary]) -> str:

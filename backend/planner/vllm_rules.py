@@ -34,7 +34,7 @@ V0_CHUNKED_BATCHED_TOKENS = 2048
 # vllm/engine/arg_utils.py _is_v1_supported_oracle (0.8-0.10): "Compute Capability < 8.0 is not
 # supported by the V1 Engine. Falling back to V0."; the V0 engine was removed in 0.11.
 V0_FALLBACK_UNTIL = (0, 11, 0)
-PRE_AMPERE_GPUS = ("T4", "V100-32GB")
+PRE_AMPERE_GPUS = ("T4", "V100-32GB", "RTX-2080Ti-22GB")
 # Engines other than vLLM: the planner's fixed defaults (their own flags: SGLang --max-running-requests,
 # TGI --max-concurrent-requests, ...).
 OTHER_MAX_NUM_SEQS, OTHER_BATCHED_TOKENS = 256, 8192
@@ -50,16 +50,39 @@ class SchedulerLimits:
     max_num_batched_tokens: int
     chunked_prefill: bool
     family: VllmFamily = FAMILIES[-1]
+    flashinfer_sampler: bool | None = None  # the request's setting; None = the family's default
+    model_runner_v2: bool = False  # vLLM serves this model through Model Runner V2 (vllm_versions)
+
+    @property
+    def uses_flashinfer_sampler(self) -> bool:
+        """FlashInfer's top-k/top-p path in the profile (Model Runner V2's dummy batch uses none)."""
+        return not self.model_runner_v2 and vllm_versions.uses_flashinfer_sampler(
+            self.family, self.flashinfer_sampler
+        )
+
+    @property
+    def sampler_state_bytes_per_logit(self) -> float:
+        """Bytes per max_num_seqs x vocabulary logit the sampler keeps (MRV2's penalty bins)."""
+        return vllm_versions.MRV2_SAMPLER_STATE_BYTES_PER_LOGIT if self.model_runner_v2 else 0.0
+
+    @property
+    def sampler_shards(self) -> bool:
+        """Each TP rank samples 1/TP of the dummy batch (MRV2 batch-sharded sampling)."""
+        return self.model_runner_v2 and self.family.sharded_sampling
 
     @property
     def subtracts_cuda_graphs(self) -> bool:
-        """The CUDA-graph estimate comes out of the KV budget (vLLM >= 0.21)."""
-        return self.family.subtracts_cuda_graphs
+        """The CUDA-graph estimate comes out of the KV budget (vLLM >= 0.21 on Model Runner V1; V2's
+        profile_cudagraph_memory() returns 0)."""
+        return self.family.subtracts_cuda_graphs and not self.model_runner_v2
 
     @property
     def sampler_bytes_per_logit(self) -> float:
-        """Live bytes per logit of the profile's dummy sampler run."""
-        return self.family.sampler_bytes_per_logit
+        """Live bytes per logit of the profile's dummy sampler run (FlashInfer's path, vLLM's own, or
+        Model Runner V2's top-k/top-p-free dummy batch)."""
+        if self.model_runner_v2:
+            return vllm_versions.MRV2_SAMPLER_BYTES_PER_LOGIT
+        return vllm_versions.sampler_bytes_per_logit(self.family, self.flashinfer_sampler)
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
@@ -104,20 +127,40 @@ def scheduler_limits(
     return SchedulerLimits(version, True, seqs, tokens, True, family)
 
 
-def resolve_limits(req: PlanRequest, gpu: GPU, max_model_len: int) -> SchedulerLimits:
-    """The request's own max_num_seqs / max_num_batched_tokens where set, the engine's defaults elsewhere."""
+def resolve_limits(req: PlanRequest, gpu: GPU, max_model_len: int, moe: bool = False) -> SchedulerLimits:
+    """The request's own max_num_seqs / max_num_batched_tokens where set, the engine's defaults elsewhere;
+    moe: the model is a mixture of experts (Model Runner V2 reaches those later)."""
     limits = scheduler_limits(req.engine, req.vllm_version, req.usage_context, gpu, max_model_len)
     seqs = req.max_num_seqs or limits.max_num_seqs
     tokens = req.max_num_batched_tokens or limits.max_num_batched_tokens
     chunked = limits.chunked_prefill
     if not limits.is_v1 and req.max_num_batched_tokens and req.max_num_batched_tokens < max_model_len:
         chunked = True  # V0 only accepts a budget below max_model_len with chunked prefill
-    return replace(limits, max_num_seqs=seqs, max_num_batched_tokens=tokens, chunked_prefill=chunked)
+    return replace(
+        limits,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=tokens,
+        chunked_prefill=chunked,
+        flashinfer_sampler=req.flashinfer_sampler,
+        model_runner_v2=(
+            req.engine == "vllm" and limits.is_v1 and vllm_versions.uses_model_runner_v2(limits.family, moe)
+        ),
+    )
 
 
-def non_torch_bytes(family: VllmFamily, gpu: GPU, tp: int, pp: int) -> int:
+def custom_all_reduce(gpu: GPU, disable_custom_all_reduce: bool) -> bool:
+    """vLLM's custom all-reduce (and NVLS / symmetric memory) runs only over NVLink: without peer-to-peer
+    access, across nodes or with --disable-custom-all-reduce it logs "Custom allreduce is disabled" and
+    NCCL's rings carry the all-reduce (vllm/distributed/device_communicators/custom_all_reduce.py)."""
+    return "NVLink" in gpu.interconnect and not disable_custom_all_reduce
+
+
+def non_torch_bytes(
+    family: VllmFamily, gpu: GPU, tp: int, pp: int, disable_custom_all_reduce: bool = False
+) -> int:
     """vLLM's non-torch memory per GPU for this family and layout (vllm_versions.NonTorch)."""
-    return vllm_versions.non_torch_bytes(family, tp, pp, "NVLink" in gpu.interconnect)
+    nvlink = custom_all_reduce(gpu, disable_custom_all_reduce)
+    return vllm_versions.non_torch_bytes(family, tp, pp, nvlink)
 
 
 def with_scheduler_defaults(req: PlanRequest, max_model_len: int | None = None) -> PlanRequest:

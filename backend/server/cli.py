@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from backend.cli_args import port_or_zero
+from backend.cli_args import non_negative_int, port_or_zero, positive_int
 from backend.engine.config import EngineConfig
 from backend.server.tool_parsers import TOOL_PARSERS
 
@@ -31,6 +31,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=256,
         help="answer 503 + Retry-After while this many requests wait (default: 256)",
+    )
+    parser.add_argument(
+        "--max-waiting-per-client",
+        type=positive_int,
+        default=None,
+        help="answer 503 + Retry-After to a client with this many requests waiting to start "
+        "(default: half of --max-waiting-requests)",
+    )
+    parser.add_argument(
+        "--max-input-tokens",
+        type=positive_int,
+        default=None,
+        help="refuse requests with more input tokens (400), checked in characters before tokenizing "
+        "(default: the model's context length)",
+    )
+    parser.add_argument(
+        "--forwarded-hops",
+        type=non_negative_int,
+        default=0,
+        help="trusted reverse proxies in front of this server: the client is the address they appended to "
+        "X-Forwarded-For (default: 0, the connection's peer)",
     )
     parser.add_argument(
         "--max-request-bytes",
@@ -78,7 +99,9 @@ def main(args: argparse.Namespace) -> int:
 
     from backend.default_model import default_model
     from backend.engine import AsyncLLM
-    from backend.server.app import build_app
+    from backend.errors import UserError
+    from backend.server.app import build_app, default_client_share
+    from backend.server.fairness import ClientLine
 
     api_key = api_key_from_env(args.api_key_env)
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
@@ -89,7 +112,11 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     print(f"Loading {config.model} ...", flush=True)
-    engine = AsyncLLM.from_config(config)  # loaded on its stepping thread (async_llm.py)
+    try:
+        engine = AsyncLLM.from_config(config)  # loaded on its stepping thread (async_llm.py)
+    except UserError as exc:  # a model that cannot be served as given: say why, without a traceback
+        raise SystemExit(f"error: {exc}") from None
+    share = args.max_waiting_per_client or default_client_share(args.max_waiting_requests)
     app = build_app(
         lambda: engine,
         served_model_name=args.served_model_name,
@@ -98,6 +125,9 @@ def main(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_request_bytes,
         tool_call_parser=args.tool_call_parser,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
+        max_input_tokens=args.max_input_tokens,
+        clients=ClientLine(share),
+        forwarded_hops=args.forwarded_hops,
     )
     server_config = uvicorn.Config(
         app,

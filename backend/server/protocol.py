@@ -6,48 +6,40 @@ echo on chat) are refused with a message that says so.
 
 from __future__ import annotations
 
-import math
-from typing import Any, Literal, cast
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from backend.engine.sampling_params import SEED_MAX, SEED_MIN, StructuredOutputsParams
 from backend.server.errors import OpenAIError
+from backend.server.json_values import check_json_values, check_list_lengths
+from backend.server.limits import MAX_TOOLS
 from backend.server.structured import ResponseFormat
 from backend.server.tools import Tool, ToolCall, ToolChoice
 
-MAX_JSON_DEPTH = 64  # request bodies are shallow; deeper nesting is refused before it is walked
+T = TypeVar("T")
+# A list field that stops at its first invalid item: a million bad items make one error, not a million
+# (pydantic's fail_fast); every list a client sends is one of these.
+FailFastList = Annotated[list[T], Field(fail_fast=True)]
+# Ours: a conversation of more messages than this fits no context we serve (each message costs a few
+# template tokens), and a batch of more prompts is what a benchmark client would split anyway
+MAX_MESSAGES = 4096
+MAX_CONTENT_PARTS = 4096  # text parts and earlier tool calls, across all messages
+MAX_BATCH_PROMPTS = 2048
 MAX_N = 128  # OpenAI's API reference bounds n to [1, 128]
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs, for logprobs and prompt_logprobs alike
 
 
-def check_json_values(value: Any, where: str = "body", depth: int = 0) -> None:
-    """Refuse what standard JSON cannot carry but Python's parser lets through: NaN and Infinity
-    (non-standard constants) and lone UTF-16 surrogates in strings ("\\ud800"), anywhere in the body."""
-    if depth > MAX_JSON_DEPTH:
-        raise ValueError(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{where}: {value} is not a JSON number (NaN and Infinity are not allowed)")
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(f"{where}: the text holds a lone surrogate (invalid Unicode)") from None
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            check_json_values(key, where, depth + 1)
-            check_json_values(item, f"{where}.{key}", depth + 1)
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            check_json_values(item, f"{where}[{i}]", depth + 1)
-
-
 class StrictJSON(BaseModel):
-    """Base of the request bodies: the whole raw body is checked once, before field validation."""
+    """Base of the request bodies: the whole raw body is checked once, before field validation: list
+    lengths against ``list_limits``, then every value (check_json_values)."""
+
+    list_limits: ClassVar[dict[str, int]] = {}
 
     @model_validator(mode="before")
     @classmethod
     def _standard_json_only(cls, data: Any) -> Any:
+        check_list_lengths(data, cls.list_limits)
         check_json_values(data)
         return data
 
@@ -68,7 +60,7 @@ class SamplingFields(StrictJSON):
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: str | FailFastList[str] | None = None
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)  # torch.Generator's 64-bit range
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -78,7 +70,7 @@ class SamplingFields(StrictJSON):
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     repetition_penalty: float = Field(1.0, gt=0.0)
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: FailFastList[int] | None = None
     skip_special_tokens: bool = True
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsParams | None = None
@@ -86,7 +78,18 @@ class SamplingFields(StrictJSON):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | FailFastList[int] | FailFastList[str] | FailFastList[FailFastList[int]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded_batch(cls, data: Any) -> Any:
+        """A batch of prompts (strings or token-id lists) at most MAX_BATCH_PROMPTS long; one prompt of
+        token ids is bounded by the body and the context (ints validate in ~30 ns each)."""
+        prompt = data.get("prompt") if isinstance(data, dict) else None
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], list | str):
+            check_list_lengths({"prompt": prompt}, {"prompt": MAX_BATCH_PROMPTS})
+        return data
+
     max_tokens: int | None = Field(16, ge=0)  # OpenAI's default for completions; 0 only with echo
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
@@ -103,20 +106,43 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    content: str | FailFastList[TextPart] | None = None
+    tool_calls: FailFastList[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool result: the call it answers
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+    # strings and ints validate in ~20-30 ns each, so stop and token-id lists are left to the body limit
+    # and to SamplingParams' own counts; each message or tool costs ~10 us
+    list_limits: ClassVar[dict[str, int]] = {"messages": MAX_MESSAGES, "tools": MAX_TOOLS}
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1, fail_fast=True)]
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False  # refused: /v1/completions echoes prompts
-    tools: list[Tool] | None = None
+    tools: FailFastList[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded_parts(cls, data: Any) -> Any:
+        """Content parts and earlier tool calls, counted over the (bounded) messages before validation."""
+        messages = data.get("messages") if isinstance(data, dict) else None
+        if isinstance(messages, list) and len(messages) <= MAX_MESSAGES:
+            parts = sum(
+                len(m.get("content") or []) * isinstance(m.get("content"), list)
+                + len(m.get("tool_calls") or []) * isinstance(m.get("tool_calls"), list)
+                for m in messages
+                if isinstance(m, dict)
+            )
+            if parts > MAX_CONTENT_PARTS:
+                raise ValueError(
+                    f"messages hold {parts:,} content parts and tool calls; the limit is "
+                    f"{MAX_CONTENT_PARTS:,}"
+                )
+        return data
 
 
 def refuse_unsupported(req: SamplingFields) -> None:
@@ -158,8 +184,24 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict]:
     return out
 
 
+def message_texts(messages: list[ChatMessage], tools: list[Tool] | None = None) -> list[str]:
+    """Every text a conversation puts into its prompt (contents, earlier calls, tool schemas), so that
+    their length can be bounded before the chat template and the tokenizer see them."""
+    texts: list[str] = []
+    for m in messages:
+        if isinstance(m.content, str):
+            texts.append(m.content)
+        else:
+            texts.extend(p.text for p in m.content or [])
+        for call in m.tool_calls or []:
+            texts += [call.function.name, call.function.arguments]
+    texts.extend(t.model_dump_json() for t in tools or [])
+    return texts
+
+
 def prompt_batch(prompt: str | list[int] | list[str] | list[list[int]]) -> list[str | list[int]]:
-    """The prompts of a completion request: one string or token-id list, or a list of them."""
+    """The prompts of a completion request: one string or token-id list, or a list of them (at most
+    MAX_BATCH_PROMPTS, checked when the body was parsed)."""
     if not prompt:
         raise OpenAIError(400, "prompt must not be empty", param="prompt")
     if isinstance(prompt, str) or isinstance(prompt[0], int):

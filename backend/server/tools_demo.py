@@ -12,9 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from backend.engine.grammar_limits import DEFAULT_LIMITS
 from backend.engine.sampling_params import SamplingParams, StructuredOutputsParams
+from backend.server.chat_prompt import chat_prompt_ids
 from backend.server.protocol import ChatCompletionRequest
-from backend.server.serving import chat_prompt_ids
 from backend.server.tool_calls import ToolCallFormatter
 from backend.server.tools import Tool, resolve_tool_choice, tool_constraint, tool_parser
 
@@ -106,9 +107,15 @@ TO_BASE = {
 
 
 def schema_constraint(text: str) -> StructuredOutputsParams | None:
-    """The Chat tab's schema box as a constraint (None when empty); ValueError for malformed JSON."""
+    """The Chat tab's schema box as a constraint (None when empty); ValueError for malformed JSON or a
+    schema over the grammar limits (its size is checked before it is parsed)."""
     if not (text or "").strip():
         return None
+    limit = DEFAULT_LIMITS.max_schema_bytes
+    if len(text) > limit:
+        raise ValueError(
+            f"the JSON schema is {len(text):,} characters; the limit is {limit:,} (max_schema_bytes)"
+        )
     try:
         schema = json.loads(text)
     except ValueError as exc:
@@ -156,7 +163,7 @@ async def _complete(engine, messages: list[dict], tool_choice: Any, max_tokens: 
     choice = resolve_tool_choice(req.tools, req.tool_choice)
     parser = tool_parser(choice, None, False)
     constraint = tool_constraint(req.tools, choice, parallel_tool_calls=False)
-    ids = chat_prompt_ids(engine.tokenizer, req)
+    ids = await engine.run_in_tokenizer(chat_prompt_ids, engine.tokenizer, req)  # off the event loop
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, structured_outputs=constraint)
     outputs = [out async for out in engine.generate(ids, params)]
     text = outputs[-1].outputs[0].text

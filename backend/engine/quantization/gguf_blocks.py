@@ -1,6 +1,6 @@
 """GGUF block types the engine keeps quantized, and their decoding in plain PyTorch.
 
-A quantized [n, k] matrix is stored as n rows of k / block_size blocks (ggml-quants.h layouts). The
+A quantized [n, k] matrix is stored as n rows of k / block_size blocks (ggml-common.h layouts). The
 PyTorch decoding here is the always-correct path (CUDA, PLAYGROUND_CPU_KERNELS=0, no compiler); it
 computes what gguf-py's dequantize_blocks computes, step for step, and the CPU kernels
 (csrc/quantized.cpp) decode the same way.
@@ -20,11 +20,16 @@ KEPT_TYPES = {  # GGUF type -> the kernel's name for it (cpu_kernels.QUANT_TYPES
     GGMLQuantizationType.Q4_K: "q4_k",
     GGMLQuantizationType.Q6_K: "q6_k",
 }
+# what the GGUF reader keeps as blocks: the kernels' types, and MXFP4 (GGML type 39, gpt-oss's experts),
+# decoded by _mxfp4 below until the MoE kernels read it
+STORED_TYPES = KEPT_TYPES | {GGMLQuantizationType.MXFP4: "mxfp4"}
+# ggml-common.h kvalues_mxfp4: the E2M1 values doubled (0.5 -> 1), so the block scale is 2^(e - 128)
+MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
 def block_shape(qtype: str) -> tuple[int, int]:
-    """(weights per block, bytes per block) of a kept type."""
-    (gguf_type,) = (t for t, name in KEPT_TYPES.items() if name == qtype)
+    """(weights per block, bytes per block) of a stored type."""
+    (gguf_type,) = (t for t, name in STORED_TYPES.items() if name == qtype)
     return GGML_QUANT_SIZES[gguf_type]
 
 
@@ -74,12 +79,22 @@ def _q6_k(b: torch.Tensor) -> torch.Tensor:
     return (d * q.reshape(n, 16, 16).float()).reshape(n, 256)
 
 
+def _mxfp4(b: torch.Tensor) -> torch.Tensor:
+    """block_mxfp4 (17 bytes): e (E8M0 exponent), then qs[16]: weight j in the low nibble of qs[j], weight
+    j + 16 in its high nibble; weight = MXFP4_VALUES[nibble] * 2^(e - 128) (ggml's dequantize_row_mxfp4)."""
+    values = torch.tensor(MXFP4_VALUES, dtype=torch.float32, device=b.device)
+    q = _nibbles(b[:, 1:], 16).reshape(b.shape[0], 32).long()
+    scale = torch.ldexp(torch.ones(b.shape[0], 1, device=b.device), b[:, :1].int() - 128)
+    return values[q] * scale
+
+
 DECODERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "q4_0": _q4_0,
     "q4_1": _q4_1,
     "q8_0": _q8_0,
     "q4_k": _q4_k,
     "q6_k": _q6_k,
+    "mxfp4": _mxfp4,
 }
 
 

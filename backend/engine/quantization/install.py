@@ -6,7 +6,7 @@ import logging
 
 import torch
 
-from backend.engine.models.llama import LlamaForCausalLM
+from backend.engine.models.base import CausalLM
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.interleaved import Interleaved
 from backend.engine.quantization.quantized_linear import (
@@ -20,21 +20,22 @@ from backend.engine.quantization.quantized_linear import (
 log = logging.getLogger(__name__)
 
 
-def install_quantized(
-    model: LlamaForCausalLM, quantized: dict[str, Part], fused: dict[str, tuple[str, int]]
-) -> dict[str, torch.Tensor]:
+def install_quantized(model: CausalLM, quantized: dict[str, Part]) -> dict[str, torch.Tensor]:
     """Replace the model's dense layers that quantized (transformers' names) covers with quantized ones.
 
-    fused maps a checkpoint projection name to (the model's fused layer, index), e.g. q_proj ->
-    (qkv_proj, 0). Returns the weights it could not keep quantized (a fused layer whose parts are not all
+    A fused layer (model.packed_modules_mapping, e.g. qkv_proj of q_proj, k_proj, v_proj) takes its parts
+    in order. Returns the weights it could not keep quantized (a fused layer whose parts are not all
     quantized), dequantized, for the dense path."""
     dtype = model.norm.weight.dtype
     scratch = Scratch()
+    names = model.checkpoint_names()
     groups: dict[str, dict[int, tuple[str, Part]]] = {}
     for name, weight in quantized.items():
-        pieces = name.removeprefix("model.").split(".")[:-1]  # drop ".weight"
-        target, index = fused.get(pieces[-1], (pieces[-1], 0))
-        groups.setdefault(".".join([*pieces[:-1], target]), {})[index] = (name, weight)
+        found = names.target(name)
+        if found is None:
+            continue
+        own, index = found
+        groups.setdefault(own.removesuffix(".weight"), {})[index or 0] = (name, weight)
     leftovers: dict[str, torch.Tensor] = {}
     for path, parts in groups.items():
         weights = [parts[i][1] for i in sorted(parts)]

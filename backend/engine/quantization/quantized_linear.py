@@ -101,7 +101,7 @@ def interleaves(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 class QuantizedLinear(nn.Module):
-    use_kernel = False  # set by LlamaForCausalLM.prepare_weights when cpu_kernels serve this model
+    use_kernel = False  # set by CausalLM.prepare_weights when cpu_kernels serve this model
     float_output = False  # an interleaved lm_head: the kernel writes the logits' fp32 copy (llama.Linear's)
 
     def __init__(self, parts: list[Part], bias: bool, scratch: Scratch, dtype: torch.dtype) -> None:

@@ -17,7 +17,7 @@ import torch
 
 from backend.engine.block_manager import BlockManager
 from backend.engine.config import EngineConfig
-from backend.engine.loader import load_model, rope_tables
+from backend.engine.loader import load_model
 from backend.engine.model_runner import ModelRunner
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import ScheduledSeq
@@ -78,11 +78,7 @@ class DraftModelProposer:
         model = loaded.model
         limit = getattr(loaded.hf_config, "max_position_embeddings", None) or engine.max_model_len
         max_len = min(limit, engine.max_model_len)
-        cos, sin = rope_tables(loaded.hf_config, model.args.head_dim, max_len)
-        model.rope_cos, model.rope_sin = (
-            cos.to(engine.device, engine.dtype),
-            sin.to(engine.device, engine.dtype),
-        )
+        model.init_rope(max_len)
         runner = ModelRunner(model, num_blocks, cfg.block_size)
         block_manager = BlockManager(num_blocks, cfg.block_size, enable_prefix_caching=False)
         return cls(runner, block_manager, engine.runner.model.args.vocab_size, max_len)

@@ -1,0 +1,158 @@
+"""The model registry (architecture name -> class, traits the planner reads without torch), the checks a
+config.json passes before the model is allocated, and the shared layers' variants against transformers:
+partial rotary, RoPE tables per layer type, and the refusal of attention options the path lacks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from backend.engine import LLM
+from backend.engine.layers.attention import Attention, AttentionSpec
+from backend.engine.layers.rotary import RopeSpec, RopeTables, apply_rope, rope_table
+from backend.engine.loader import load_model
+from backend.engine.models.base import CausalLM
+from backend.engine.models.registry import (
+    MODELS,
+    model_class,
+    resolve_architecture,
+    supported_architectures,
+    traits_of,
+)
+from tests.common_utils import ROOT
+from tests.engine_utils import ARCHITECTURES, tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_architectures_first_then_model_type():
+    config = SimpleNamespace(architectures=["NotAModel", "Qwen2ForCausalLM"], model_type="qwen2")
+    assert resolve_architecture(config) == "Qwen2ForCausalLM"
+    assert (
+        resolve_architecture(SimpleNamespace(architectures=None, model_type="mistral"))
+        == "MistralForCausalLM"
+    )
+    with pytest.raises(ValueError) as info:
+        resolve_architecture(SimpleNamespace(architectures=["GPT2LMHeadModel"], model_type="gpt2"))
+    assert "'GPT2LMHeadModel'" in str(info.value)
+    assert all(name in str(info.value) for name in supported_architectures())
+    with pytest.raises(ValueError, match="model_type gpt2"):
+        resolve_architecture(SimpleNamespace(architectures=[], model_type="gpt2"))
+
+
+def test_every_entry_names_a_causal_lm_and_aliases_share_their_class():
+    for name in supported_architectures():
+        assert issubclass(model_class(name), CausalLM), name
+    assert model_class("MistralForCausalLM") is model_class("LlamaForCausalLM")
+    assert model_class("Qwen2ForCausalLM") is model_class("LlamaForCausalLM")
+    types = [t for entry in MODELS.values() for t in entry.model_types]
+    assert len(types) == len(set(types)), "a model_type names one architecture"
+
+
+def test_the_planner_reads_the_traits_without_torch():
+    code = "import sys, backend.planner.memory_plan, backend.engine.models.registry\n"
+    code += "assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+    assert traits_of("Qwen3ForCausalLM", "qwen3").qk_norm
+    assert not traits_of("SomethingElse", "llama").qk_norm  # by model_type when the name is unknown
+    assert traits_of("GPT2LMHeadModel", "gpt2") is None
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_declared_traits_are_what_the_built_model_does(arch):
+    loaded = load_model(tiny_model(arch)[0], torch.float32, torch.device("cpu"))
+    traits = traits_of(loaded.hf_config.architectures[0], loaded.hf_config.model_type)
+    assert traits is not None and type(loaded.model) is model_class(loaded.hf_config.architectures[0])
+    assert [spec.qk_norm for spec in loaded.model.attention_specs] == [traits.qk_norm] * 2
+
+
+def edited_copy(tmp_path, **changes) -> str:
+    """The tiny Llama folder with config.json's fields changed."""
+    folder = tmp_path / "edited"
+    shutil.copytree(tiny_model("llama")[0], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | changes))
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"num_hidden_layers": 0}, r"num_hidden_layers must be an integer in \[1, 1024\], got 0"),
+        ({"vocab_size": 1 << 40}, r"vocab_size must be an integer in \[1, 2097152\]"),
+        ({"hidden_size": -64}, r"hidden_size must be an integer"),
+        ({"num_key_value_heads": 3}, r"must be a multiple of num_key_value_heads \(3\)"),
+        ({"max_position_embeddings": 1 << 30}, r"max_position_embeddings must be an integer"),
+        ({"rms_norm_eps": -1.0}, r"rms_norm_eps must be a positive finite number"),
+        (
+            {"intermediate_size": 4096},
+            r"mlp\.\w+_proj\.weight' has shape .*: the config does not describe these weights",
+        ),
+        ({"num_hidden_layers": 500}, r"weights missing from the checkpoint: \['layers.10"),
+    ],
+)
+def test_a_config_that_does_not_fit_fails_before_allocating(tmp_path, monkeypatch, changes, message):
+    def no_allocation(*args, **kwargs):
+        raise AssertionError("the model was allocated")
+
+    monkeypatch.setattr(torch.nn.Module, "to_empty", no_allocation)
+    with pytest.raises(ValueError, match=message):
+        LLM(edited_copy(tmp_path, **changes), dtype="float32", device="cpu")
+
+
+def test_partial_rotary_matches_transformers():
+    from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb
+
+    gen = torch.Generator().manual_seed(0)
+    tokens, heads, head_dim, rotary_dim = 7, 3, 16, 8
+    x = torch.randn(tokens, heads, head_dim, generator=gen)
+    angles = torch.rand(tokens, rotary_dim // 2, generator=gen) * 10
+    emb = torch.cat((angles, angles), dim=-1)
+    rope = RopeTables(emb.cos(), emb.sin()).at(torch.arange(tokens))
+    ours = apply_rope(x, rope.cos, rope.sin)
+    q = x.transpose(0, 1)[None]  # transformers' [batch, heads, tokens, head_dim]
+    theirs, _ = apply_rotary_pos_emb(q, q, emb.cos()[None], emb.sin()[None])
+    assert torch.equal(ours, theirs[0].transpose(0, 1))
+    assert torch.equal(ours[..., rotary_dim:], x[..., rotary_dim:])
+
+
+def test_rope_tables_per_layer_type_match_transformers():
+    from transformers import Gemma3TextConfig
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+
+    parameters = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0},
+    }
+    sizes = dict(hidden_size=64, head_dim=16, num_attention_heads=4, num_key_value_heads=2)
+    config = Gemma3TextConfig(**sizes, num_hidden_layers=6, rope_parameters=parameters)
+    positions = torch.arange(40)
+    for layer_type in parameters:
+        cos, sin = Gemma3RotaryEmbedding(config)(
+            torch.zeros(1, 40, 64), positions[None], layer_type=layer_type
+        )
+        table = rope_table(config, RopeSpec(16, layer_type), 40)
+        assert torch.equal(table.cos, cos[0]) and torch.equal(table.sin, sin[0]), layer_type
+    local, full = (rope_table(config, RopeSpec(16, name), 40) for name in parameters)
+    assert not torch.equal(local.cos, full.cos)
+
+
+@pytest.mark.parametrize(
+    ("feature", "name"),
+    [
+        ({"sliding_window": 128}, "sliding_window"),
+        ({"logits_soft_cap": 50.0}, "soft_cap"),
+        ({"has_sinks": True}, "sinks"),
+    ],
+)
+def test_attention_options_the_path_lacks_are_refused_by_name(feature, name):
+    spec = AttentionSpec(4, 2, 16, 0.25, RopeSpec(16), **feature)
+    with pytest.raises(ValueError, match=f"attention feature.*{name}"):
+        Attention(64, spec, (False, False), 1e-6)
+    Attention(64, AttentionSpec(4, 2, 16, 0.25, None), (False, False), 1e-6)  # no RoPE: nothing refused
