@@ -32,7 +32,7 @@ MAX_TOKENS = 16
 MAX_INPUT_TOKENS = 64
 MAX_UPLOADS = 3
 # handlers a visitor must not reach: Plan's checkpoint path and its Launch-here chain, Compare's run
-HIDDEN_HANDLERS = ("/check_plan", "/run_pending", "/checkpoint_hint", "/with_checkpoint")
+HIDDEN_HANDLERS = ("/check_plan", "/run_pending", "/checkpoint_hint", "/with_checkpoint", "/on_measure")
 COMPARE_LABEL = "Targets (running engines)"
 
 
