@@ -12,6 +12,9 @@ from pathlib import Path
 import torch
 
 ARCHITECTURES = ("llama", "llama_mqa_tied", "llama3_rope", "mistral", "qwen2", "qwen3", "granite")
+ARCHITECTURES += ("olmo2", "phi3", "phi4_mini")
+# families whose norm weights are drawn at random (not transformers' ones), so that a misplaced norm shows
+RANDOM_NORMS = ("olmo2", "phi3", "phi4_mini", "phi4_mini_long")
 # varied lengths around block boundaries (block_size 16 in most tests)
 PROMPT_LENGTHS = (1, 5, 16, 17, 33, 70)
 _ROOT = Path(tempfile.mkdtemp(prefix="engine-tests-"))
@@ -33,7 +36,15 @@ def tokenizer_dir() -> str:
 
 
 def _config(arch: str, vocab_size: int):
-    from transformers import GraniteConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import (
+        GraniteConfig,
+        LlamaConfig,
+        MistralConfig,
+        Olmo2Config,
+        Phi3Config,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
     common = dict(
         vocab_size=vocab_size,
@@ -73,7 +84,27 @@ def _config(arch: str, vocab_size: int):
         multipliers = dict(embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=4.0)
         multipliers |= dict(attention_multiplier=0.2, tie_word_embeddings=True)
         return GraniteConfig(**common | multipliers)
+    if arch == "olmo2":
+        return Olmo2Config(**common)
+    if arch == "phi3":  # Phi-3-mini: fused qkv_proj and gate_up_proj in the checkpoint
+        return Phi3Config(**common)
+    if arch.startswith("phi4_mini"):  # Phi-4-mini: LongRoPE on 3/4 of each head, tied embeddings
+        return Phi3Config(
+            **common | dict(hidden_size=128, tie_word_embeddings=True), rope_parameters=longrope(arch)
+        )
     raise ValueError(arch)
+
+
+def longrope(arch: str) -> dict:
+    """Phi-4-mini's rope_parameters in small: 24 of 32 dims rotate, with per-frequency factors. "phi4_mini"
+    never passes its original context (the short factors, attention factor 1); "phi4_mini_long" has an
+    original context of 64 in 512 (the long factors past it, attention factor sqrt(1 + ln 8 / ln 64))."""
+    original = 64 if arch == "phi4_mini_long" else 512
+    rope = dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.75)
+    rope |= dict(original_max_position_embeddings=original)
+    return rope | dict(
+        short_factor=[1.0 + i / 8 for i in range(12)], long_factor=[1.0 + i for i in range(12)]
+    )
 
 
 @cache
@@ -84,6 +115,11 @@ def tiny_model(arch: str) -> tuple[str, torch.nn.Module]:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
     torch.manual_seed(sum(map(ord, arch)))
     model = AutoModelForCausalLM.from_config(_config(arch, len(tokenizer)), dtype=torch.float32).eval()
+    if arch in RANDOM_NORMS:
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if "norm" in name:
+                    parameter.normal_(1.0, 0.5)
     path = _ROOT / arch
     model.save_pretrained(path, max_shard_size="2MB")  # several shards: exercises the index file
     tokenizer.save_pretrained(path)

@@ -87,7 +87,8 @@ def joining_batch(vocab: int = 49152) -> tuple[list[list[int]], list[SamplingPar
     return batch, [greedy(n) for n in (12, 30, 7, 20, 9, 25)]
 
 
-@pytest.mark.parametrize("arch", ["llama", "granite"])  # Granite: its multipliers folded into weights
+# Granite: its multipliers folded into weights; Phi-3: its checkpoint's fused qkv_proj and gate_up_proj
+@pytest.mark.parametrize("arch", ["llama", "granite", "phi3"])
 def test_tiny_bf16_model_logits_equal_eager_as_batches_change(arch):
     batch, params = joining_batch()
     eager, captured, _ = run_both(tiny_model(arch)[0], batch, params, max_num_seqs=3)
@@ -190,10 +191,16 @@ def test_a_stale_buffer_fails_the_comparison(monkeypatch):
 
 @pytest.mark.parametrize(
     ("arch", "dtype", "reason"),
-    [("qwen3", "bfloat16", "q/k norm"), ("llama", "float32", "a projection not on gemm_bf16")],
+    [
+        ("qwen3", "bfloat16", "q/k norm"),
+        ("olmo2", "bfloat16", "a layer of type SandwichDecoderLayer"),
+        ("phi4_mini", "bfloat16", "a layer without RoPE or with partial rotary"),
+        ("llama", "float32", "a projection not on gemm_bf16"),
+    ],
 )
 def test_unsupported_models_keep_the_modules_and_say_why(arch, dtype, reason, caplog):
     caplog.set_level("INFO", logger="backend.engine.llm_engine")
     llm = LLM(tiny_model(arch)[0], dtype=dtype, device="cpu")
     assert llm.llm_engine.runner.decode_graph is None
     assert f"decode steps run the model's modules: {reason}" in caplog.text
+    assert planned_graph_bytes(llm, llm.stats()) == 0  # the planner's registry traits and config agree

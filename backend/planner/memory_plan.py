@@ -224,6 +224,7 @@ def _decode_graph_shape(req: PlanRequest, spec: ModelSpec, lay: Layout) -> Decod
     (launch_here.running_engine_request)."""
     traits = traits_of(spec.architecture, spec.model_type)  # the engine's registry (None: it cannot run it)
     uncaptured = lay.quant.name in ("fp32", "fp16") or traits is None or traits.qk_norm
+    uncaptured = uncaptured or spec.partial_rotary_factor < 1.0  # decode_graph_support: whole-head RoPE only
     if lay.gpu.cpu is None or req.enforce_eager or uncaptured:
         return None
     fast_bf16 = lay.gpu.cpu.has_fast_bf16

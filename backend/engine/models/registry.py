@@ -3,7 +3,8 @@ it, with the traits the planner and the engine read before building a model.
 
 One line per architecture. An architecture whose transformers model computes exactly what another's class
 computes is an alias: it names that class (Mistral and Qwen2 run as Llama: their biases come from the
-checkpoint's weight names, their sliding windows cap the context, kv_cache_utils). Model files are
+checkpoint's weight names, their sliding windows cap the context, kv_cache_utils; Phi-3 checkpoints name
+the fused qkv_proj and gate_up_proj as the model does). Model files are
 imported when a class is asked for, so this table (and the planner, which reads its traits) needs no
 torch.
 """
@@ -39,6 +40,8 @@ MODELS: dict[str, ModelEntry] = {
     "Qwen2ForCausalLM": ModelEntry("llama", "LlamaForCausalLM", ("qwen2",)),  # alias of Llama
     "Qwen3ForCausalLM": ModelEntry("qwen3", "Qwen3ForCausalLM", ("qwen3",), ModelTraits(qk_norm=True)),
     "GraniteForCausalLM": ModelEntry("granite", "GraniteForCausalLM", ("granite",)),
+    "Olmo2ForCausalLM": ModelEntry("olmo2", "Olmo2ForCausalLM", ("olmo2",), ModelTraits(qk_norm=True)),
+    "Phi3ForCausalLM": ModelEntry("llama", "LlamaForCausalLM", ("phi3",)),  # alias: fused names are ours
 }
 
 
