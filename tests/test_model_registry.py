@@ -69,7 +69,9 @@ def test_declared_traits_are_what_the_built_model_does(arch):
     loaded = load_model(tiny_model(arch)[0], torch.float32, torch.device("cpu"))
     traits = traits_of(loaded.hf_config.architectures[0], loaded.hf_config.model_type)
     assert traits is not None and type(loaded.model) is model_class(loaded.hf_config.architectures[0])
-    assert [spec.qk_norm for spec in loaded.model.attention_specs] == [traits.qk_norm] * 2
+    specs = loaded.model.attention_specs
+    assert [spec.qk_norm for spec in specs] == [traits.qk_norm] * len(specs)
+    assert all(spec.rope is not None for spec in specs) == traits.rope_on_every_layer
 
 
 def edited_copy(tmp_path, **changes) -> str:

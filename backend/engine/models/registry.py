@@ -24,6 +24,7 @@ class ModelTraits:
     """What is known of an architecture before its model is built (the planner's mirror reads these)."""
 
     qk_norm: bool = False  # per-head q/k RMSNorm: no captured-decode kernel for it (decode_graph)
+    rope_on_every_layer: bool = True  # False: some layers skip RoPE (SmolLM3): no captured-decode kernel
 
 
 @dataclass(slots=True, frozen=True)
