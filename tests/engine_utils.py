@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 ARCHITECTURES = ("llama", "llama_mqa_tied", "llama3_rope", "mistral", "qwen2", "qwen3", "granite")
-ARCHITECTURES += ("olmo2", "phi3", "phi4_mini")
+ARCHITECTURES += ("olmo2", "phi3", "phi4_mini", "smollm3")
 # families whose norm weights are drawn at random (not transformers' ones), so that a misplaced norm shows
-RANDOM_NORMS = ("olmo2", "phi3", "phi4_mini", "phi4_mini_long")
+RANDOM_NORMS = ("olmo2", "phi3", "phi4_mini", "phi4_mini_long", "smollm3")
 # varied lengths around block boundaries (block_size 16 in most tests)
 PROMPT_LENGTHS = (1, 5, 16, 17, 33, 70)
 _ROOT = Path(tempfile.mkdtemp(prefix="engine-tests-"))
@@ -44,6 +44,7 @@ def _config(arch: str, vocab_size: int):
         Phi3Config,
         Qwen2Config,
         Qwen3Config,
+        SmolLM3Config,
     )
 
     common = dict(
@@ -92,6 +93,8 @@ def _config(arch: str, vocab_size: int):
         return Phi3Config(
             **common | dict(hidden_size=128, tie_word_embeddings=True), rope_parameters=longrope(arch)
         )
+    if arch == "smollm3":  # four layers: the last has no RoPE (SmolLM3-3B's every-4th pattern)
+        return SmolLM3Config(**common | dict(num_hidden_layers=4, pad_token_id=0))
     raise ValueError(arch)
 
 

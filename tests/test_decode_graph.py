@@ -195,6 +195,7 @@ def test_a_stale_buffer_fails_the_comparison(monkeypatch):
         ("qwen3", "bfloat16", "q/k norm"),
         ("olmo2", "bfloat16", "a layer of type SandwichDecoderLayer"),
         ("phi4_mini", "bfloat16", "a layer without RoPE or with partial rotary"),
+        ("smollm3", "bfloat16", "a layer without RoPE or with partial rotary"),
         ("llama", "float32", "a projection not on gemm_bf16"),
     ],
 )

@@ -158,3 +158,14 @@ def test_attention_options_the_path_lacks_are_refused_by_name(feature, name):
     with pytest.raises(ValueError, match=f"attention feature.*{name}"):
         Attention(64, spec, (False, False), 1e-6)
     Attention(64, AttentionSpec(4, 2, 16, 0.25, None), (False, False), 1e-6)  # no RoPE: nothing refused
+
+
+@pytest.mark.parametrize("flags", [[1, 1, 0], [1, 1, 1, 2], "1110", None])
+def test_smollm3_no_rope_layers_must_be_one_flag_per_layer(flags):
+    from backend.engine.models.smollm3 import layer_flags
+
+    assert layer_flags(SimpleNamespace(no_rope_layers=[1, 1, 1, 0]), "no_rope_layers", 4) == [True] * 3 + [
+        False
+    ]
+    with pytest.raises(ValueError, match=r"no_rope_layers must be a list of 4 values 0 or 1, got"):
+        layer_flags(SimpleNamespace(no_rope_layers=flags), "no_rope_layers", 4)

@@ -43,6 +43,9 @@ MODELS: dict[str, ModelEntry] = {
     "GraniteForCausalLM": ModelEntry("granite", "GraniteForCausalLM", ("granite",)),
     "Olmo2ForCausalLM": ModelEntry("olmo2", "Olmo2ForCausalLM", ("olmo2",), ModelTraits(qk_norm=True)),
     "Phi3ForCausalLM": ModelEntry("llama", "LlamaForCausalLM", ("phi3",)),  # alias: fused names are ours
+    "SmolLM3ForCausalLM": ModelEntry(
+        "smollm3", "SmolLM3ForCausalLM", ("smollm3",), ModelTraits(rope_on_every_layer=False)
+    ),
 }
 
 
