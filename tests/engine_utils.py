@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 ARCHITECTURES = ("llama", "llama_mqa_tied", "llama3_rope", "mistral", "qwen2", "qwen3", "granite")
-ARCHITECTURES += ("olmo2", "phi3", "phi4_mini", "smollm3")
+ARCHITECTURES += ("olmo2", "phi3", "phi4_mini", "smollm3", "gemma3")
 # families whose norm weights are drawn at random (not transformers' ones), so that a misplaced norm shows
-RANDOM_NORMS = ("olmo2", "phi3", "phi4_mini", "phi4_mini_long", "smollm3")
+RANDOM_NORMS = ("olmo2", "phi3", "phi4_mini", "phi4_mini_long", "smollm3", "gemma3")
 # varied lengths around block boundaries (block_size 16 in most tests)
 PROMPT_LENGTHS = (1, 5, 16, 17, 33, 70)
 _ROOT = Path(tempfile.mkdtemp(prefix="engine-tests-"))
@@ -37,6 +37,7 @@ def tokenizer_dir() -> str:
 
 def _config(arch: str, vocab_size: int):
     from transformers import (
+        Gemma3TextConfig,
         GraniteConfig,
         LlamaConfig,
         MistralConfig,
@@ -95,6 +96,10 @@ def _config(arch: str, vocab_size: int):
         )
     if arch == "smollm3":  # four layers: the last has no RoPE (SmolLM3-3B's every-4th pattern)
         return SmolLM3Config(**common | dict(num_hidden_layers=4, pad_token_id=0))
+    if arch == "gemma3":  # six layers: five local, one global (Gemma 3's pattern), logits soft-capped
+        gemma = dict(num_hidden_layers=6, head_dim=32, query_pre_attn_scalar=24, pad_token_id=0)
+        gemma |= dict(sliding_window=512, final_logit_softcapping=30.0, tie_word_embeddings=True)
+        return Gemma3TextConfig(**common | gemma)
     raise ValueError(arch)
 
 

@@ -196,6 +196,7 @@ def test_a_stale_buffer_fails_the_comparison(monkeypatch):
         ("olmo2", "bfloat16", "a layer of type SandwichDecoderLayer"),
         ("phi4_mini", "bfloat16", "a layer without RoPE or with partial rotary"),
         ("smollm3", "bfloat16", "a layer without RoPE or with partial rotary"),
+        ("gemma3", "bfloat16", "a layer of type SandwichDecoderLayer"),
         ("llama", "float32", "a projection not on gemm_bf16"),
     ],
 )

@@ -76,7 +76,7 @@ def test_many_at_once_with_staggered_arrival(engines, arch):
 
 
 @pytest.mark.parametrize("budget", [1, 4, 16, 4096])
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "granite", "olmo2", "phi4_mini", "smollm3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "granite", "olmo2", "phi4_mini", "smollm3", "gemma3"])
 def test_chunked_prefill_token_budgets(arch, budget):
     llm = make_llm(arch, max_num_batched_tokens=budget)
     batch = prompts(seed=3)
@@ -99,6 +99,7 @@ def test_chunked_prefill_token_budgets(arch, budget):
         ("olmo2", True),
         ("phi3", True),
         ("smollm3", True),
+        ("gemma3", True),
     ],
 )
 def test_prefix_caching_on_and_off(arch, enable_prefix_caching):
@@ -138,7 +139,7 @@ def test_forced_prefix_cache_hash_collision_never_serves_another_prompts_kv(monk
     assert_engine_clean(llm)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "olmo2", "phi4_mini", "smollm3"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "olmo2", "phi4_mini", "smollm3", "gemma3"])
 def test_preemption_when_the_kv_pool_is_small(arch):
     llm = make_llm(arch, block_size=4, num_kv_blocks=30, max_num_seqs=8)
     batch = prompts(seed=6)

@@ -79,3 +79,33 @@ def test_q8_0_file_runs_within_top5_of_f32(family):
     dense, _ = run_twice(str(family_gguf(family, "f32")), logprobs=5)
     identical = count_identical_within_top5(quantized, dense)
     print(f"{family} Q8_0: {identical} of {len(dense)} continuations identical to F32")
+
+
+@pytest.mark.parametrize("source", ["safetensors", "f32", "q8_0"])
+def test_gemma3_within_its_sliding_window(source):
+    """The family's Gemma 3 has a 16-token window, which caps the engine's context until the attention path
+    takes windows (kv_cache_utils): 16-token sequences, 4-token chunks and blocks, a pool of 8 blocks for
+    three sequences (preemption), a shared first block (prefix caching). F32 and safetensors token-exact;
+    Q8_0 within the F32 file's top 5 where it first differs."""
+    family, max_tokens = "gemma3", 8
+    shared = prompts(lengths=(4,), seed=13, vocab=2048)[0]
+    batch = [shared + tail for tail in prompts(lengths=(1, 3, 4), seed=14, vocab=2048)]
+    engine = ENGINE | dict(max_model_len=16, num_kv_blocks=8, max_num_batched_tokens=4, max_num_seqs=3)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=5)
+
+    def run(model: str) -> list:
+        llm = LLM(model, **engine)
+        outs = [o.outputs[0] for o in llm.generate(batch, params) + llm.generate(batch, params)]
+        assert llm.stats().num_preemptions_total > 0 and llm.stats().prefix_cache_hits_total >= 4
+        assert_engine_clean(llm)
+        return outs[len(batch) :]
+
+    model = tiny_family_model(family) if source == "safetensors" else str(family_gguf(family, source))
+    ours = run(model)
+    if source == "q8_0":
+        count_identical_within_top5(ours, run(str(family_gguf(family, "f32"))))
+        return
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(tiny_family_model(family), dtype=torch.float32).eval()
+    assert [c.token_ids for c in ours] == [hf_greedy(reference, p, max_tokens) for p in batch]

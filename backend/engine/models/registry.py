@@ -41,6 +41,9 @@ MODELS: dict[str, ModelEntry] = {
     "Qwen2ForCausalLM": ModelEntry("llama", "LlamaForCausalLM", ("qwen2",)),  # alias of Llama
     "Qwen3ForCausalLM": ModelEntry("qwen3", "Qwen3ForCausalLM", ("qwen3",), ModelTraits(qk_norm=True)),
     "GraniteForCausalLM": ModelEntry("granite", "GraniteForCausalLM", ("granite",)),
+    "Gemma3ForCausalLM": ModelEntry(
+        "gemma3", "Gemma3ForCausalLM", ("gemma3_text",), ModelTraits(qk_norm=True)
+    ),
     "Olmo2ForCausalLM": ModelEntry("olmo2", "Olmo2ForCausalLM", ("olmo2",), ModelTraits(qk_norm=True)),
     "Phi3ForCausalLM": ModelEntry("llama", "LlamaForCausalLM", ("phi3",)),  # alias: fused names are ours
     "SmolLM3ForCausalLM": ModelEntry(
