@@ -89,7 +89,8 @@ def joining_batch(vocab: int = 49152) -> tuple[list[list[int]], list[SamplingPar
     return batch, [greedy(n) for n in (12, 30, 7, 20, 9, 25)]
 
 
-@pytest.mark.parametrize("arch", ["llama", "granite"])  # Granite: its multipliers folded into weights
+# Granite: its multipliers folded into weights; Phi-3: its checkpoint's fused qkv_proj and gate_up_proj
+@pytest.mark.parametrize("arch", ["llama", "granite", "phi3"])
 def test_tiny_bf16_model_logits_equal_eager_as_batches_change(arch):
     batch, params = joining_batch()
     eager, captured, _ = run_both(tiny_model(arch)[0], batch, params, max_num_seqs=3)
@@ -216,12 +217,32 @@ def test_a_stale_buffer_fails_the_comparison(monkeypatch):
     assert "diff" in str(failure.value) or "logits differ" in str(failure.value)
 
 
+@pytest.mark.parametrize("arch", ["phi4_mini", "smollm3"])
+def test_partial_rotary_and_nope_layers_are_captured(arch):
+    """Phi-4-mini's partial rotary and SmolLM3's layers without RoPE run in the captured step, and the
+    planner plans its buffers as the engine holds them."""
+    llm = LLM(tiny_model(arch)[0], dtype="bfloat16", device="cpu")
+    stats = llm.stats()
+    assert (
+        (llm.llm_engine.runner.decode_graph is not None)
+        == cpu_has_fast_bf16()
+        == (stats.decode_graph_bytes > 0)
+    )
+    assert planned_graph_bytes(llm, stats) == stats.decode_graph_bytes
+
+
 @pytest.mark.parametrize(
     ("arch", "dtype", "reason"),
-    [("qwen3", "bfloat16", "q/k norm"), ("llama", "float32", "a projection not on gemm_bf16")],
+    [
+        ("qwen3", "bfloat16", "q/k norm"),
+        ("olmo2", "bfloat16", "a layer of type SandwichDecoderLayer"),
+        ("gemma3", "bfloat16", "a layer of type SandwichDecoderLayer"),
+        ("llama", "float32", "a projection not on gemm_bf16"),
+    ],
 )
 def test_unsupported_models_keep_the_modules_and_say_why(arch, dtype, reason, caplog):
     caplog.set_level("INFO", logger="backend.engine.llm_engine")
     llm = LLM(tiny_model(arch)[0], dtype=dtype, device="cpu")
     assert llm.llm_engine.runner.decode_graph is None
     assert f"decode steps run the model's modules: {reason}" in caplog.text
+    assert planned_graph_bytes(llm, llm.stats()) == 0  # the planner's registry traits and config agree

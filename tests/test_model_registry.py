@@ -78,7 +78,9 @@ def test_declared_traits_are_what_the_built_model_does(arch):
     loaded = load_model(tiny_model(arch)[0], torch.float32, torch.device("cpu"))
     traits = traits_of(loaded.hf_config.architectures[0], loaded.hf_config.model_type)
     assert traits is not None and type(loaded.model) is model_class(loaded.hf_config.architectures[0])
-    assert [spec.qk_norm for spec in loaded.model.attention_specs] == [traits.qk_norm] * 2
+    specs = loaded.model.attention_specs
+    assert [spec.qk_norm for spec in specs] == [traits.qk_norm] * len(specs)
+    assert all(spec.rope is not None for spec in specs) == traits.rope_on_every_layer
 
 
 def edited_copy(tmp_path, **changes) -> str:
@@ -238,3 +240,14 @@ def test_the_captured_step_still_refuses_qk_norm():
         1e-6,
     )
     assert unsupported_layer(plain) is None
+
+
+@pytest.mark.parametrize("flags", [[1, 1, 0], [1, 1, 1, 2], "1110", None])
+def test_smollm3_no_rope_layers_must_be_one_flag_per_layer(flags):
+    from backend.engine.models.smollm3 import layer_flags
+
+    assert layer_flags(SimpleNamespace(no_rope_layers=[1, 1, 1, 0]), "no_rope_layers", 4) == [True] * 3 + [
+        False
+    ]
+    with pytest.raises(ValueError, match=r"no_rope_layers must be a list of 4 values 0 or 1, got"):
+        layer_flags(SimpleNamespace(no_rope_layers=flags), "no_rope_layers", 4)

@@ -40,6 +40,7 @@ class ModelSpec:
     attention: str = "gqa"  # "mha" | "gqa" | "mqa" | "mla"
     sliding_window: int | None = None
     layer_types: list[str] = field(default_factory=list)  # "full_attention" | "sliding_attention"
+    partial_rotary_factor: float = 1.0  # the share of each head RoPE rotates (Phi-4-mini: 0.75)
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
@@ -71,6 +72,13 @@ def _layer_types(c: dict, layers: int) -> list[str]:
         return [t if t == "sliding_attention" else "full_attention" for t in c["layer_types"]][:layers]
     windows = layer_windows({**c, "num_hidden_layers": layers})
     return ["full_attention" if window is None else "sliding_attention" for window in windows]
+
+
+def _partial_rotary_factor(c: dict) -> float:
+    """rope_parameters' (transformers 5) or rope_scaling's, else the config's own, as the engine reads it
+    (backend/engine/layers/rotary.py)."""
+    rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    return float(rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)))
 
 
 def _attention_params(c: dict, hidden: int, heads: int, kv_heads: int, head_dim: int) -> int:
@@ -220,6 +228,7 @@ def spec_from_config(
         attention=attention,
         sliding_window=c.get("sliding_window") if c.get("use_sliding_window") is not False else None,
         layer_types=_layer_types(c, layers),
+        partial_rotary_factor=_partial_rotary_factor(c),
         num_experts=experts,
         num_experts_per_tok=top_k,
         moe_intermediate_size=c.get("moe_intermediate_size") or (c["intermediate_size"] if experts else 0),

@@ -38,7 +38,8 @@ class AttentionSpec:
     head_dim: int
     scale: float  # softmax scale: head_dim ** -0.5 unless the family sets it (Granite's attention_multiplier)
     rope: RopeSpec | None  # None: no RoPE on this layer (SmolLM3's no_rope_layers)
-    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3, OLMo 2)
+    qk_norm: bool = False  # RMSNorm of q and k before RoPE: per head (Qwen3, Gemma 3)
+    qk_norm_across_heads: bool = False  # with qk_norm: one RMSNorm over all heads of q, of k (OLMo 2)
     sliding_window: int | None = None  # attends to the last sliding_window tokens only (Gemma 2/3, gpt-oss)
     logits_soft_cap: float | None = None  # cap * tanh(logits / cap) before softmax (Gemma 2)
     has_sinks: bool = False  # one learned sink logit per head in the softmax (gpt-oss)
@@ -83,8 +84,9 @@ class Attention(nn.Module):
         self.kv_size = spec.num_kv_heads * spec.head_dim
         self.qkv_proj = Linear(hidden_size, self.q_size + 2 * self.kv_size, bias=bias[0])
         self.o_proj = Linear(self.q_size, hidden_size, bias=bias[1])
-        self.q_norm = RMSNorm(spec.head_dim, eps) if spec.qk_norm else None
-        self.k_norm = RMSNorm(spec.head_dim, eps) if spec.qk_norm else None
+        q_width, k_width = (self.q_size, self.kv_size) if spec.qk_norm_across_heads else (spec.head_dim,) * 2
+        self.q_norm = RMSNorm(q_width, eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(k_width, eps) if spec.qk_norm else None
         self.sinks = nn.Parameter(torch.zeros(spec.num_heads)) if spec.has_sinks else None
         self.kernel_sinks: torch.Tensor | None = None  # sinks as the kernels read them: [H] fp32 (prepare)
         self.scale = spec.scale
@@ -147,8 +149,11 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [T, H, D], k and v [T, KVH, D] of the fused projection's output, q and k normed and rotated."""
         t = qkv.shape[0]
-        qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)  # q heads, then k heads
-        if self.q_norm is not None and self.k_norm is not None:
+        qk = qkv[:, : self.q_size + self.kv_size]
+        if self.q_norm is not None and self.k_norm is not None and self.spec.qk_norm_across_heads:
+            qk = torch.cat((self.q_norm(qk[:, : self.q_size]), self.k_norm(qk[:, self.q_size :])), 1)
+        qk = qk.reshape(t, -1, self.head_dim)  # q heads, then k heads
+        if self.q_norm is not None and self.k_norm is not None and not self.spec.qk_norm_across_heads:
             qk = torch.cat((self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])), 1)
         if rope is not None:
             qk = apply_rope(qk, rope.cos, rope.sin)
