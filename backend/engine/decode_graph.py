@@ -30,6 +30,7 @@ from backend.engine import cpu_kernels
 from backend.engine.decode_graph_memory import STEP_INTS, activation_widths
 from backend.engine.decode_graph_support import decoder_layers, graph_shape, projections
 from backend.engine.graph_ops import (
+    ACTIVATION_OPS,
     Op,
     add_rms_norm_op,
     decode_attention_op,
@@ -38,7 +39,6 @@ from backend.engine.graph_ops import (
     rms_norm_op,
     rope_and_cache_op,
     row_limit,
-    silu_and_mul_op,
 )
 from backend.engine.layers.attention import Attention
 from backend.engine.layers.decoder import DecoderLayer
@@ -123,14 +123,22 @@ class DecodeGraph:
 
     def attention_ops(self, layer: DecoderLayer, kv_cache: tuple[torch.Tensor, torch.Tensor]) -> list[Op]:
         attention: Attention = layer.self_attn
+        spec = attention.spec
         positions, slots, context_lens = self.step_ints[1], self.step_ints[2], self.step_ints[3]
-        assert attention.spec.rope is not None
-        table = self.model.rope_tables[attention.spec.rope]
-        rope = (table.cos, table.sin)
+        table = None if spec.rope is None else self.model.rope_tables[spec.rope]
+        rope = None if table is None else (table.cos, table.sin)
+        assert attention.sinks is None or attention.kernel_sinks is not None, "set by prepare_weights"
         return [
             *linear_ops(attention.qkv_proj, self.normed, self.qkv),
             rope_and_cache_op(
-                self.qkv, positions, slots, rope, kv_cache, attention.num_heads, attention.kv_scales
+                self.qkv,
+                positions,
+                slots,
+                rope,
+                kv_cache,
+                attention.num_heads,
+                attention.kv_scales,
+                spec.rotary_dim,
             ),
             decode_attention_op(
                 self.qkv,
@@ -140,6 +148,9 @@ class DecodeGraph:
                 self.attention_out,
                 attention.scale,
                 attention.kv_scales,
+                sliding_window=spec.sliding_window,
+                soft_cap=spec.logits_soft_cap,
+                sinks=attention.kernel_sinks,  # the module keeps it alive as long as the graph
             ),
             *linear_ops(attention.o_proj, self.attention_out, self.out),
         ]
@@ -154,7 +165,7 @@ class DecodeGraph:
             ops = linear_ops(mlp.gate_up_proj, self.normed, self.activation)
         else:
             ops = linear_ops(mlp.gate_up_proj, self.normed, self.gate_up)
-            ops.append(silu_and_mul_op(self.gate_up, self.activation))
+            ops.append(ACTIVATION_OPS[mlp.hidden_act](self.gate_up, self.activation))
         return ops + linear_ops(mlp.down_proj, self.activation, self.out)
 
     def step_rows(self, decodes: list[ScheduledSeq]) -> StepRows | None:

@@ -1,6 +1,7 @@
 """What the captured decode step (decode_graph.py) serves: a model whose every layer is a pre-norm
-DecoderLayer with a SiLU GatedMLP, whole-head RoPE on the rope_and_cache kernel, plain causal attention
-and no factor left unfolded, each projection on a kernel the graph calls (graph_ops.unsupported_linear).
+DecoderLayer with a SiLU or GELU(tanh) GatedMLP, RoPE (whole-head, partial or none) on the rope_and_cache
+kernel, attention with any window, soft-cap and sinks (PAGED_ATTENTION_OPTIONS) and no factor left
+unfolded, each projection on a kernel the graph calls (graph_ops.unsupported_linear).
 `unsupported_reason` says why a model is not captured (the engine logs it once); `graph_shape` gives the
 widths that size a graph's buffers (decode_graph_memory). A family whose layers the graph should learn
 adds their ops in decode_graph.py and removes their refusal here.
@@ -12,7 +13,7 @@ import ctypes
 
 from backend.engine import cpu_kernels
 from backend.engine.decode_graph_memory import DecodeGraphShape
-from backend.engine.graph_ops import Op, unsupported_linear
+from backend.engine.graph_ops import ACTIVATION_OPS, Op, unsupported_linear
 from backend.engine.layers.decoder import DecoderLayer
 from backend.engine.layers.fused_moe import FusedMoE
 from backend.engine.layers.fused_moe.graph import unsupported_moe
@@ -50,19 +51,16 @@ def unsupported_reason(model: CausalLM, uses_decode_kernel: bool) -> str | None:
 
 def unsupported_layer(layer: object) -> str | None:
     """Why a layer has no captured calls (None: it has): the captured step is a pre-norm DecoderLayer with
-    a SiLU GatedMLP, whole-head RoPE on the rope_and_cache kernel and plain causal attention."""
+    a GatedMLP whose activation has a kernel, RoPE on the rope_and_cache kernel (whole-head, partial or
+    none) and attention with the options paged_attention takes (windows, soft-caps, sinks)."""
     if not isinstance(layer, DecoderLayer):
         return f"a layer of type {type(layer).__name__} has no captured calls"
     if not isinstance(layer.mlp, GatedMLP | FusedMoE):
         return f"an MLP of type {type(layer.mlp).__name__} has no captured calls"
     attention, spec = layer.self_attn, layer.self_attn.spec
-    if spec.qk_norm:
-        return "q/k norm (Qwen3) has no captured kernel"
     if not spec.rope_kernel_serves:
-        return "a layer without RoPE or with partial rotary has no captured kernel"
-    if attention.options or attention.sinks is not None:
-        return f"attention options {sorted(attention.options)} have no captured kernel"
-    if isinstance(layer.mlp, GatedMLP) and layer.mlp.hidden_act != "silu":
+        return "q/k norm (Qwen3, OLMo 2) has no captured kernel"
+    if isinstance(layer.mlp, GatedMLP) and layer.mlp.hidden_act not in ACTIVATION_OPS:
         return f"the {layer.mlp.hidden_act} MLP activation has no captured kernel"
     # a FusedMoE's output_scale is the native call's (csrc/moe.cpp MoeLayer.scale)
     if attention.output_scale != 1.0 or (isinstance(layer.mlp, GatedMLP) and layer.mlp.output_scale != 1.0):

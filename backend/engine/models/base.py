@@ -4,7 +4,8 @@ A family subclasses it and overrides hooks, not the forward pass: `args_from_con
 spellings), `attention_spec(layer)` (per-layer RoPE, windows, soft-caps, sinks), `make_mlp(layer)` (a
 GatedMLP or an MoE block), `make_layer(layer)` (another block structure) and `packed_modules_mapping`
 (which checkpoint projections it fuses). The engine reads `args`, `attention_specs` (one per layer: the KV
-pool's heads and head size for it) and the modules named here (embed_tokens, layers, norm, lm_head).
+pool's heads and head size for it; `sliding_windows` their windows) and the modules named here
+(embed_tokens, layers, norm, lm_head).
 
 Tokens of all sequences of a step are packed into one flat batch [num_tokens, hidden]; each layer's
 attention goes through its own paged KV cache. Constant factors of a family (Granite's multipliers) are
@@ -81,7 +82,10 @@ class CausalLM(nn.Module):
         a = self.args
         scale = a.attention_scale if a.attention_scale is not None else a.head_dim**-0.5
         rope = RopeSpec(a.rotary_dim)
-        return AttentionSpec(a.num_heads, a.num_kv_heads, a.head_dim, scale, rope, qk_norm=a.qk_norm)
+        window = a.sliding_windows[layer] if a.sliding_windows else None
+        return AttentionSpec(
+            a.num_heads, a.num_kv_heads, a.head_dim, scale, rope, qk_norm=a.qk_norm, sliding_window=window
+        )
 
     def make_mlp(self, layer: int) -> nn.Module:
         a = self.args
@@ -93,6 +97,12 @@ class CausalLM(nn.Module):
             a.hidden_size, self.attention_specs[layer], (a.qkv_bias, a.o_bias), a.rms_norm_eps
         )
         return DecoderLayer(attention, self.make_mlp(layer), a.hidden_size, a.rms_norm_eps)
+
+    @property
+    def sliding_windows(self) -> tuple[int | None, ...]:
+        """Each layer's sliding window as its spec declares it (None: full attention), for the KV pool's
+        sizing and the blocks freed before a window (sliding_window.freeable_window)."""
+        return tuple(spec.sliding_window for spec in self.attention_specs)
 
     # ---- running ----
     def init_rope(self, max_positions: int) -> None:
@@ -193,5 +203,7 @@ class CausalLM(nn.Module):
                 module.use_kernel = use_kernels
             if isinstance(module, GatedMLP) and isinstance(module.gate_up_proj, Linear):
                 module.fused_silu_and_mul = module.gate_up_proj.fused_silu_and_mul
+            if isinstance(module, Attention):
+                module.prepare()
         if isinstance(self.lm_head, QuantizedLinear):  # interleaved: fp32 logits from the kernel, as Linear's
             self.lm_head.float_output = use_kernels and self.lm_head.all_interleaved
