@@ -17,6 +17,8 @@ from typing import Any
 
 import gradio as gr
 
+from backend.knobs import FormInput
+
 
 def unchecked(payload: float | None, precision: int | None) -> float | int | None:
     """A typed value as the handler gets it: whole numbers as int where the field takes whole numbers."""
@@ -45,3 +47,21 @@ def form_slider(minimum: float, maximum: float, **kwargs: Any) -> gr.Slider:
     component = handler_checked(gr.Slider(minimum, maximum, **kwargs))
     assert isinstance(component, gr.Slider)
     return component
+
+
+def knob_input(spec: FormInput, **kwargs: Any) -> gr.components.Component:
+    """The Gradio input a FormInput describes (backend/knobs.py); kwargs add elem_id, scale, info, ..."""
+    common = {"label": spec.label, **kwargs}
+    if spec.kind == "checkbox":
+        return gr.Checkbox(spec.value, **common)
+    if spec.kind == "dropdown":
+        choices = list(spec.choices or ())
+        return gr.Dropdown(choices, value=spec.value, allow_custom_value=spec.is_open, **common)
+    if spec.kind == "number":
+        return form_number(
+            spec.value, precision=spec.precision, minimum=spec.minimum, maximum=spec.maximum, **common
+        )
+    if spec.kind == "slider":
+        assert spec.minimum is not None and spec.maximum is not None  # form_input makes sliders of ranges
+        return form_slider(spec.minimum, spec.maximum, value=spec.value, step=spec.step, **common)
+    return gr.Textbox(spec.value, **common)

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import html
-from dataclasses import dataclass
+from dataclasses import Field, dataclass, fields
 from typing import Any
 
 import gradio as gr
 
 from backend.default_model import shown_name
-from backend.engines import ENGINES
+from backend.knobs import form_input, knob_fields, range_text, scalar_types
 from backend.planner.request import PlanRequest
 from backend.planner.sources import anonymous_hub
-from backend.planner.vllm_rules import VLLM_TARGET_VERSION
-from backend.planner.vllm_versions import version_choices
 from ui import charts
 from ui.common import (
     AppContext,
@@ -31,10 +29,30 @@ from ui.common import (
     tok_s,
     usd_per_m,
 )
-from ui.inputs import form_number, form_slider
+from ui.inputs import form_number, knob_input
 
 DEFAULT_PRESET = "meta-llama/Llama-3.1-8B-Instruct"
 MAX_QUERY_CHARS = 200  # a Hub search query; the Hub matches names, far shorter
+
+
+# the form's names that differ from PlanRequest's (the handler tests send these; tests/ui_utils.py PLAN_FORM)
+FORM_KEYS = {"kv_cache_dtype": "kv_dtype", "max_model_len": "max_len", "gpu_memory_utilization": "util"}
+# the PlanRequest fields the estimate reads from the form; the checkpoint changes the export only
+PLAN_FIELDS = tuple(f.name for f in knob_fields(PlanRequest, "form") if f.name != "checkpoint")
+
+
+def form_field_value(f: Field, value: Any) -> Any:
+    """One form value as the PlanRequest field takes it; ValueError naming the field (its noun)."""
+    kind, noun = scalar_types(PlanRequest)[f.name], f.metadata.get("noun") or f.name
+    if kind is int and f.default is None:
+        return optional_int(value, noun, minimum=f.metadata["minimum"])
+    if kind is int:
+        return required_int(value, noun, minimum=f.metadata["minimum"])
+    if kind is float:
+        return required_float(value, noun, note=f" {range_text(f)}")
+    if f.default is None:  # optional text: empty means unset
+        return str(value or "").strip() or None
+    return value
 
 
 def plan_request(form: dict[str, Any]) -> PlanRequest:
@@ -43,22 +61,17 @@ def plan_request(form: dict[str, Any]) -> PlanRequest:
     model = str(form["model"] or "").strip()
     if not model:
         raise ValueError("model is required: a preset, a Hub id, a local folder or a .gguf file")
-    return PlanRequest(
-        model=model,
-        gpu=form["gpu"],
-        num_gpus=required_int(form["num_gpus"], "number of GPUs"),
-        tp=optional_int(form["tp"], "tensor parallel size"),
-        pp=required_int(form["pp"], "pipeline parallel size"),
-        quant=form["quant"],
-        kv_cache_dtype=form["kv_dtype"],
-        max_model_len=optional_int(form["max_len"], "max_model_len"),
-        input_len=required_int(form["input_len"], "input length (tokens)"),
-        output_len=required_int(form["output_len"], "output length (tokens)"),
-        concurrency=required_int(form["concurrency"], "concurrency"),
-        gpu_memory_utilization=required_float(form["util"], "gpu_memory_utilization", note=" in (0, 1]"),
-        engine=form["engine"],
-        vllm_version=str(form.get("vllm_version") or "").strip() or None,
-    )
+    values = {
+        f.name: form_field_value(f, form.get(FORM_KEYS.get(f.name, f.name)))
+        for f in fields(PlanRequest)
+        if f.name in PLAN_FIELDS and f.name != "model"
+    }
+    return PlanRequest(model=model, **values)
+
+
+def plan_input(name: str, **kwargs: Any) -> gr.components.Component:
+    """The Plan form's input for a PlanRequest field: label, default, choices and range from its knob."""
+    return knob_input(form_input(PlanRequest, name), **kwargs)
 
 
 def concurrency_kpi(est: dict[str, Any]) -> str:
@@ -287,20 +300,21 @@ def model_choices(ctx: AppContext, presets: list[str]) -> list[str]:
 
 def build(ctx: AppContext, demo: gr.Blocks) -> PlanPanel:
     """The Plan tab; its state holds the last valid PlanRequest (as a dict) for other tabs."""
-    from backend.planner import list_gpus, list_kv_cache_dtypes, list_presets, list_quantizations
+    from backend.planner import list_presets
 
     plan_state = gr.State(None)
     public = ctx.policy.is_public
     with gr.Row():
         with gr.Column(scale=2, elem_id="plan-form"):
             hub = gr.HTML(elem_id="hub-badge")
+            model = form_input(PlanRequest, "model")  # a dropdown of the presets that takes any name
             form: dict[str, Any] = {
                 "model": gr.Dropdown(
                     model_choices(ctx, list_presets()),
                     value=DEFAULT_PRESET,
-                    label="Model",
+                    label=model.label,
                     allow_custom_value=True,
-                    info="a preset, a Hub id, a local model folder or a .gguf file",
+                    info=model.info,
                     elem_id="plan-model",
                 )
             }
@@ -308,48 +322,25 @@ def build(ctx: AppContext, demo: gr.Blocks) -> PlanPanel:
                 query = gr.Textbox(label="Search the Hub", placeholder="e.g. llama 3.1 8b", scale=3)
                 search = gr.Button("Search", scale=1)
             with gr.Row():
-                form["quant"] = gr.Dropdown(
-                    ["auto", *list_quantizations()], value="auto", label="Weights (auto = as stored)"
-                )
-                form["kv_dtype"] = gr.Dropdown(list_kv_cache_dtypes(), value="auto", label="KV cache dtype")
+                form["quant"] = plan_input("quant")
+                form["kv_dtype"] = plan_input("kv_cache_dtype")
             checkpoint = None
             if not public:  # a path on this machine: not even registered on a public app
-                checkpoint = gr.Textbox(
-                    label="Quantized checkpoint (for the export)",
-                    info="the Hub id or path holding weights in this quantization; empty = the model itself",
-                    elem_id="plan-checkpoint",
-                )
+                spec = form_input(PlanRequest, "checkpoint")
+                checkpoint = knob_input(spec, info=spec.info, elem_id="plan-checkpoint")
             with gr.Row():
-                form["gpu"] = gr.Dropdown(
-                    list_gpus(),
-                    value="H100-80GB",
-                    label="GPU",
-                    allow_custom_value=True,
-                    elem_id="plan-gpu",
-                    scale=2,
-                )
-                form["num_gpus"] = form_number(
-                    1, label="GPUs", precision=0, minimum=1, elem_id="plan-num-gpus"
-                )
-                form["tp"] = form_number(0, label="Tensor parallel (0 = all GPUs)", precision=0, minimum=0)
-                form["pp"] = form_number(1, label="Pipeline parallel", precision=0, minimum=1)
+                form["gpu"] = plan_input("gpu", elem_id="plan-gpu", scale=2)
+                form["num_gpus"] = plan_input("num_gpus", elem_id="plan-num-gpus")
+                form["tp"] = plan_input("tp")
+                form["pp"] = plan_input("pp")
             with gr.Row():
-                form["max_len"] = form_number(
-                    0, label="max_model_len (0 = model limit)", precision=0, minimum=0
-                )
-                form["input_len"] = form_number(1024, label="Input tokens / request", precision=0, minimum=1)
-                form["output_len"] = form_number(256, label="Output tokens / request", precision=0, minimum=1)
-                form["concurrency"] = form_number(16, label="Concurrent requests", precision=0, minimum=1)
+                form["max_len"] = plan_input("max_model_len")
+                for name in ("input_len", "output_len", "concurrency"):
+                    form[name] = plan_input(name)
             with gr.Row():
-                form["util"] = form_slider(0.5, 1.0, value=0.92, step=0.01, label="gpu_memory_utilization")
-                form["engine"] = gr.Dropdown(list(ENGINES), value="vllm", label="Serving engine")
-                form["vllm_version"] = gr.Dropdown(
-                    version_choices(VLLM_TARGET_VERSION),
-                    value=VLLM_TARGET_VERSION,
-                    label="vLLM version (its defaults and accounting)",
-                    allow_custom_value=True,
-                    elem_id="plan-vllm-version",
-                )
+                form["util"] = plan_input("gpu_memory_utilization")
+                form["engine"] = plan_input("engine")
+                form["vllm_version"] = plan_input("vllm_version", elem_id="plan-vllm-version")
             with gr.Row():
                 form["ttft"] = form_number(0, label="Target TTFT (ms, 0 = none)", minimum=0)
                 form["tpot"] = form_number(0, label="Target time per output token (ms, 0 = none)", minimum=0)

@@ -1,8 +1,9 @@
 """EngineConfig: every knob of the embedded engine, defined once, with vLLM's names.
 
-Everything else derives from these fields and their metadata (help, choices, minimum): the server CLI
-(`add_cli_args` / `from_cli_args`, like vLLM's `EngineArgs`), `LLM(model, **kwargs)` (`from_kwargs`,
-like nano-vllm's `Config` filter), the UI's Launch form and the embedded exporter (`cli_args`).
+Everything else derives from these fields and their metadata (`knob`, backend/knobs.py: help, choices,
+minimum): the server CLI (`add_cli_args` / `from_cli_args`, like vLLM's `EngineArgs`), `LLM(model,
+**kwargs)` (`from_kwargs`, like nano-vllm's `Config` filter), the UI's Launch form and the embedded
+exporter (`cli_args`).
 tests/test_engine_config.py checks that every field reaches each of them.
 """
 
@@ -10,20 +11,15 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import MISSING, Field, dataclass, field, fields
-from functools import cache
-from typing import Any, get_type_hints
+from typing import Any
 
 from backend.engine.spec_decode.config import SpeculativeConfig, canonical_json
 from backend.errors import UserError
+from backend.knobs import knob, scalar_types
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICES = ("auto", "cpu", "cuda")  # and "cuda:N"
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's CacheDType (fp8 = fp8_e4m3)
-
-
-def knob(default: Any, help: str, choices: tuple[str, ...] | None = None, minimum: int | None = None) -> Any:
-    """A dataclass field with the metadata every front end reads."""
-    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum})
 
 
 @dataclass(slots=True)
@@ -127,14 +123,9 @@ class EngineConfig:
         return argv
 
 
-@cache
 def cli_types() -> dict[str, type]:
     """The scalar type of each field (`int | None` -> int)."""
-    hints = get_type_hints(EngineConfig)
-    return {
-        name: next(t for t in getattr(hint, "__args__", (hint,)) if t is not type(None))
-        for name, hint in hints.items()
-    }
+    return scalar_types(EngineConfig)
 
 
 def check_value(f: Field, value: Any) -> None:

@@ -12,33 +12,14 @@ from pathlib import Path
 from backend.cli_args import port_number
 from backend.export.base import DTYPES, SPECULATIVE_METHODS
 from backend.export.files import ENGINES, FORMATS
+from backend.knobs import add_cli_args, from_cli_args
+from backend.planner.request import PlanRequest
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """The planner's options (PlanRequest fields), with vLLM's names."""
     plan = parser.add_argument_group("plan")
-    plan.add_argument("--model", required=True, help="Hub id, local folder or .gguf file")
-    plan.add_argument("--revision", default=None, help="branch, tag or commit of the Hub repo")
-    plan.add_argument("--gpu", default="H100-80GB", help="GPU short name (default: H100-80GB)")
-    plan.add_argument("--num-gpus", type=int, default=1, help="GPUs per replica (= tp x pp)")
-    plan.add_argument("--tp", type=int, default=None, help="tensor parallel size (default: num-gpus / pp)")
-    plan.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
-    plan.add_argument("--dp", type=int, default=1, help="data parallel replicas")
-    plan.add_argument("--enable-expert-parallel", action="store_true")
-    plan.add_argument("--quant", default="auto", help="auto (as stored), bf16, fp8, awq, gptq, Q4_K_M, ...")
-    plan.add_argument(
-        "--checkpoint", default=None, help="Hub id or path holding the --quant weights (e.g. MODEL-AWQ)"
-    )
-    plan.add_argument("--kv-cache-dtype", default="auto")
-    plan.add_argument("--max-model-len", type=int, default=None)
-    plan.add_argument("--input-len", type=int, default=1024)
-    plan.add_argument("--output-len", type=int, default=256)
-    plan.add_argument("--concurrency", type=int, default=16)
-    plan.add_argument("--gpu-memory-utilization", type=float, default=0.92)
-    plan.add_argument("--max-num-seqs", type=int, default=None, help="default: the engine's own")
-    plan.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: the engine's own")
-    plan.add_argument("--block-size", type=int, default=16)
-    plan.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    add_cli_args(plan, PlanRequest, skip=("engine",))  # --engine (below) names the engines to export
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,33 +45,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--speculative-model", default=None)
     serve.add_argument("--num-speculative-tokens", type=int, default=3)
     serve.add_argument("--gpus-per-node", type=int, default=8)
-    serve.add_argument(
-        "--enforce-eager", action="store_true", help="vLLM/SGLang: no CUDA graphs (faster start)"
-    )
 
 
 def main(args: argparse.Namespace) -> int:
     from backend.export import ExportOptions, export_files, main_command, resolve
-    from backend.planner.request import PlanRequest
 
-    req = PlanRequest(
-        model=args.model, revision=args.revision, gpu=args.gpu, num_gpus=args.num_gpus, tp=args.tp,
-        pp=args.pp,
-        dp=args.dp, enable_expert_parallel=args.enable_expert_parallel, quant=args.quant,
-        kv_cache_dtype=args.kv_cache_dtype, max_model_len=args.max_model_len, input_len=args.input_len,
-        output_len=args.output_len, concurrency=args.concurrency,
-        gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
-        enable_prefix_caching=args.enable_prefix_caching, checkpoint=args.checkpoint,
-        engine=args.engine[0] if args.engine[0] != "all" else "vllm",
-    )  # fmt: skip
+    req = from_cli_args(PlanRequest, args, engine=args.engine[0] if args.engine[0] != "all" else "vllm")
     options = ExportOptions(
         host=args.host, port=args.port, served_model_name=args.served_model_name,
         api_key_env=args.api_key_env,
         hf_token_env=args.hf_token_env, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
         speculative_method=args.speculative_method, speculative_model=args.speculative_model,
         num_speculative_tokens=args.num_speculative_tokens, gpus_per_node=args.gpus_per_node,
-        enforce_eager=args.enforce_eager,
+        enforce_eager=args.enforce_eager,  # the plan's flag: vLLM/SGLang start without CUDA graphs
     )  # fmt: skip
     try:
         files = export_files(req, options, engines=args.engine, formats=args.format)

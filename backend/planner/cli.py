@@ -13,46 +13,17 @@ import argparse
 import json
 import sys
 
-from backend.engines import ENGINES
-from backend.planner.request import USAGE_CONTEXTS
+from backend.knobs import add_cli_args, from_cli_args
+from backend.planner.request import PlanRequest
 
 GIB = 1024**3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--model", help="Hub id, local folder, .gguf file, or a bundled preset (by Hub id)")
-    parser.add_argument("--gpu", default="H100-80GB", help="GPU short name (see --list-gpus); CPU for no GPU")
-    parser.add_argument("--num-gpus", type=int, default=1)
-    parser.add_argument("--tp", type=int, default=None, help="tensor parallel size (default: num_gpus / pp)")
-    parser.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
-    parser.add_argument(
-        "--quant",
-        default="auto",
-        help="weight format (see --list-quants); default: as stored in the checkpoint",
-    )
-    parser.add_argument("--kv-cache-dtype", default="auto")
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--input-len", type=int, default=1024)
-    parser.add_argument("--output-len", type=int, default=256)
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.92)
-    parser.add_argument("--max-num-seqs", type=int, default=None, help="default: the engine's own default")
-    parser.add_argument(
-        "--max-num-batched-tokens", type=int, default=None, help="default: the engine's own default"
-    )
-    parser.add_argument("--engine", default="vllm", choices=ENGINES)
-    parser.add_argument(
-        "--vllm-version", default=None, help="vLLM whose accounting to follow (default: the export's target)"
-    )
-    parser.add_argument(
-        "--usage-context", default="openai_api_server", choices=USAGE_CONTEXTS, help="vllm serve or LLM(...)"
-    )
-    parser.add_argument(
-        "--enforce-eager",
-        action="store_true",
-        help="no CUDA graphs (vLLM's flag; the embedded engine: no captured decode step), so none counted",
-    )
+    add_cli_args(
+        parser, PlanRequest, is_required=False
+    )  # --model is checked in main (--list-gpus needs none)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--list-gpus", action="store_true", help="list the GPU catalog and exit")
     parser.add_argument("--list-presets", action="store_true", help="list bundled model presets and exit")
@@ -155,7 +126,7 @@ def format_table(d: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from backend.planner import PlanRequest, estimate
+    from backend.planner import estimate
 
     listing = _listing(args)
     if listing is not None:
@@ -167,26 +138,7 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    req = PlanRequest(
-        model=args.model,
-        gpu=args.gpu,
-        num_gpus=args.num_gpus,
-        tp=args.tp,
-        pp=args.pp,
-        quant=args.quant,
-        kv_cache_dtype=args.kv_cache_dtype,
-        max_model_len=args.max_model_len,
-        input_len=args.input_len,
-        output_len=args.output_len,
-        concurrency=args.concurrency,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        engine=args.engine,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        vllm_version=args.vllm_version,
-        usage_context=args.usage_context,
-        enforce_eager=args.enforce_eager,
-    )
+    req = from_cli_args(PlanRequest, args)
     try:
         result = estimate(req).to_dict()
     except ValueError as exc:

@@ -7,11 +7,30 @@ from typing import Literal
 
 from backend.engines import ENGINES
 from backend.errors import UserError
-from backend.planner.catalog import Quantization, get_quantization
+from backend.knobs import knob
+from backend.planner.catalog import (
+    Quantization,
+    get_quantization,
+    list_gpus,
+    list_kv_cache_dtypes,
+    list_quantizations,
+)
 from backend.planner.specs import ModelSpec
+from backend.planner.vllm_versions import version_choices
 
 USAGE_CONTEXTS = ("openai_api_server", "llm_class")  # vLLM's UsageContext: `vllm serve` or `LLM(...)`
 UsageContext = Literal["openai_api_server", "llm_class"]
+
+
+def weight_formats() -> tuple[str, ...]:
+    return ("auto", *list_quantizations())
+
+
+def vllm_versions() -> tuple[str, ...]:
+    """The export's target first (what None stands for), then each family's first release."""
+    from backend.planner.vllm_rules import VLLM_TARGET_VERSION  # vllm_rules imports this module
+
+    return tuple(version_choices(VLLM_TARGET_VERSION))
 
 
 @dataclass(slots=True)
@@ -22,36 +41,89 @@ class PlanRequest:
     ``kv_cache_dtype``, ``max_num_seqs``, ``max_num_batched_tokens``). None means what the engine itself
     picks: vLLM's scheduler defaults depend on its version, the usage context and the GPU
     (backend/planner/vllm_rules.py).
+
+    Each field's metadata (backend/knobs.py: help, label, choices, range) makes the `estimate` and
+    `export` CLI flags and the Plan tab's inputs; flashinfer_sampler is internal (validation runs set it).
     """
 
-    model: str  # Hub id, local folder, GGUF file, or a bundled preset (named by its Hub id)
-    gpu: str = "H100-80GB"  # short name from presets/gpus.yaml
-    num_gpus: int = 1
-    tp: int | None = None  # tensor parallel size; None = num_gpus // pp
-    pp: int = 1  # pipeline parallel size
-    dp: int = 1  # data parallel replicas (export only; each replica has tp * pp GPUs)
-    enable_expert_parallel: bool = False
-    quant: str = "auto"  # key in presets/quantizations.yaml; auto = as stored in the checkpoint
-    kv_cache_dtype: str = "auto"
-    max_model_len: int | None = None  # None = the model's limit
-    input_len: int = 1024
-    output_len: int = 256
-    concurrency: int = 16
-    gpu_memory_utilization: float = 0.92
-    engine: str = "vllm"
-    revision: str | None = None
-    checkpoint: str | None = None  # Hub id or path holding the weights in `quant` (...-AWQ); None = model
-    max_num_seqs: int | None = None  # None = the engine's default
-    max_num_batched_tokens: int | None = None  # None = the engine's default
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    enforce_eager: bool = False  # vLLM's: no CUDA graphs (the embedded engine: no captured decode step)
-    vllm_version: str | None = None  # None = the version the export targets (vllm_rules.VLLM_TARGET_VERSION)
-    usage_context: UsageContext = "openai_api_server"
+    model: str = knob(
+        help="a preset, a Hub id, a local model folder or a .gguf file", label="Model", form=True
+    )
+    gpu: str = knob(
+        "H100-80GB", "GPU short name from presets/gpus.yaml (CPU: no GPU)", list_gpus, label="GPU",
+        is_open=True, form=True,
+    )  # fmt: skip
+    num_gpus: int = knob(
+        1, "GPUs per replica (= tp x pp)", minimum=1, label="GPUs", noun="number of GPUs", form=True
+    )
+    tp: int | None = knob(
+        None, "tensor parallel size; unset = num_gpus / pp", minimum=1,
+        label="Tensor parallel (0 = all GPUs)", noun="tensor parallel size", form=True,
+    )  # fmt: skip
+    pp: int = knob(
+        1, "pipeline parallel size", minimum=1, label="Pipeline parallel", noun="pipeline parallel size",
+        form=True,
+    )  # fmt: skip
+    dp: int = knob(1, "data parallel replicas (export only; each replica has tp x pp GPUs)", minimum=1)
+    enable_expert_parallel: bool = knob(False, "experts split across the GPUs (MoE models)")
+    quant: str = knob(
+        "auto", "weight format from presets/quantizations.yaml; auto = as stored in the checkpoint",
+        weight_formats, label="Weights (auto = as stored)", is_open=True, form=True,
+    )  # fmt: skip
+    kv_cache_dtype: str = knob(
+        "auto", "KV cache storage (vLLM's names and aliases: bfloat16, fp8_e4m3, ...)", list_kv_cache_dtypes,
+        label="KV cache dtype", is_open=True, form=True,
+    )  # fmt: skip
+    max_model_len: int | None = knob(
+        None, "context length; unset = the model's limit", minimum=1, label="max_model_len (0 = model limit)",
+        noun="max_model_len", form=True,
+    )  # fmt: skip
+    input_len: int = knob(
+        1024, "prompt tokens per request", minimum=1, label="Input tokens / request",
+        noun="input length (tokens)", form=True,
+    )  # fmt: skip
+    output_len: int = knob(
+        256, "generated tokens per request", minimum=1, label="Output tokens / request",
+        noun="output length (tokens)", form=True,
+    )  # fmt: skip
+    concurrency: int = knob(
+        16, "requests served at once", minimum=1, label="Concurrent requests", noun="concurrency", form=True
+    )
+    # vLLM's CacheConfig: Field(gt=0, le=1)
+    gpu_memory_utilization: float = knob(
+        0.92, "share of each GPU's memory the engine may use", minimum=0.0, maximum=1.0,
+        is_minimum_exclusive=True, step=0.01, label="gpu_memory_utilization", form=True,
+    )  # fmt: skip
+    engine: str = knob("vllm", "serving engine", ENGINES, label="Serving engine", form=True)
+    revision: str | None = knob(None, "branch, tag or commit of the Hub repo")
+    checkpoint: str | None = knob(
+        None, "the Hub id or path holding weights in this quantization; empty = the model itself",
+        label="Quantized checkpoint (for the export)", form=True,
+    )  # fmt: skip
+    max_num_seqs: int | None = knob(
+        None, "most requests in one step; unset = the engine's default", minimum=1
+    )
+    max_num_batched_tokens: int | None = knob(
+        None, "token budget of one step; unset = the engine's default", minimum=1
+    )
+    block_size: int = knob(16, "tokens per KV-cache block", minimum=1)
+    enable_prefix_caching: bool = knob(True, "reuse the KV blocks of shared prompt prefixes")
+    enforce_eager: bool = knob(
+        False, "no CUDA graphs (vLLM's flag; the embedded engine: no captured decode step), so none counted"
+    )
+    vllm_version: str | None = knob(
+        None, "vLLM whose defaults and accounting to follow; unset = the version the export targets",
+        vllm_versions, label="vLLM version (its defaults and accounting)", is_open=True, form=True,
+    )  # fmt: skip
+    usage_context: Literal["openai_api_server", "llm_class"] = knob(  # = UsageContext (RUF009 reads no alias)
+        "openai_api_server", "vllm serve or LLM(...)", USAGE_CONTEXTS
+    )
     # vLLM's VLLM_USE_FLASHINFER_SAMPLER as it took effect (the log's topk_topp_sampler line); None = the
-    # version's default (vllm_versions.VllmFamily.flashinfer_sampler_default)
-    flashinfer_sampler: bool | None = None
-    disable_custom_all_reduce: bool = False  # vLLM's flag, or vLLM turned it off (no P2P, across nodes)
+    # version's default (vllm_versions.VllmFamily.flashinfer_sampler_default). Internal: validation runs.
+    flashinfer_sampler: bool | None = knob(None, "as vLLM's log says it took effect", cli=False)
+    disable_custom_all_reduce: bool = knob(
+        False, "vLLM's flag, or vLLM turned it off (no P2P, across nodes): NCCL only"
+    )
 
     @property
     def tensor_parallel_size(self) -> int:
