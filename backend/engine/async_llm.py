@@ -1,12 +1,12 @@
 """AsyncLLM: a background thread steps the engine; asyncio callers stream outputs and abort requests.
 
-All engine mutation happens on the stepping thread: add_request() and abort() only enqueue typed
-commands (engine_commands.py), so a caller never waits for a model step. add_request() admits a request at once, on the caller's thread:
-it validates the prompt and counts it against max_waiting_requests together with every request
-accepted but not yet scheduled, so a burst cannot overfill the queue. Outputs travel back through one
-RequestOutputCollector per request (newest output only). Whatever a request raises fails that request;
-if the stepping thread itself stops, the engine is marked dead (``errored``) and every caller, waiting
-or new, gets EngineDeadError at once.
+All engine mutation happens on the stepping thread: add_request() and abort() only enqueue typed commands
+(engine_commands.py), so a caller never waits for a model step. add_request() admits a request at once, on the
+caller's thread: it validates the prompt and counts it against max_waiting_requests together with every
+request accepted but not yet scheduled, so a burst cannot overfill the queue. Outputs travel back through one
+RequestOutputCollector per request (newest output only). Whatever a request raises fails that request; if the
+stepping thread itself stops, the engine is marked dead (``errored``) and every caller, waiting or new, gets
+EngineDeadError at once.
 
 Each step's outputs reach each event loop in one hand-over (one ``call_soon_threadsafe`` per loop per
 step, as vLLM's output handler takes one EngineCoreOutputs batch per step), not one wake-up per request.
