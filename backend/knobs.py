@@ -19,6 +19,8 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from functools import cache
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
+from backend.errors import UserError
+
 Choices = tuple[str, ...] | Callable[[], Sequence[str]] | None
 InputKind = Literal["checkbox", "dropdown", "textbox", "number", "slider"]
 
@@ -81,6 +83,17 @@ def is_in_range(f: Field, value: float) -> bool:
     if low is not None and (value <= low if f.metadata.get("is_minimum_exclusive") else value < low):
         return False
     return high is None or value <= high
+
+
+def check_number(f: Field, value: Any, kind: type) -> None:
+    """UserError naming the field and its range unless value is in it (or None where the default is)."""
+    if value is None and f.default is None:
+        return
+    is_kind = isinstance(value, int if kind is int else int | float) and not isinstance(value, bool)
+    if not is_kind or not is_in_range(f, value):
+        allowed = allowed_text(f, kind) if kind is int else range_text(f)
+        unset = " or None (automatic)" if f.default is None else ""
+        raise UserError(f"{f.name} must be {allowed}{unset}, got {value!r}")
 
 
 def cli_type(f: Field, kind: type) -> Callable[[str], Any]:

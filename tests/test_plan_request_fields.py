@@ -157,3 +157,21 @@ def test_the_form_as_it_first_shows_is_the_dataclass_default():
         form[plan_tab.FORM_KEYS.get(name, name)] = form_input(PlanRequest, name).value
     target = choices_of(next(f for f in fields(PlanRequest) if f.name == "vllm_version"))[0]
     assert plan_tab.plan_request(form) == PlanRequest(model=PLAN_FORM["model"], vllm_version=target)
+
+
+RANGED = [
+    f
+    for f in fields(PlanRequest)
+    if KINDS[f.name] in (int, float) and f.metadata.get("minimum") is not None
+    and f.name not in ("tp", "max_model_len")  # checked against the model's heads and limit as well
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("f", RANGED, ids=lambda f: f.name)
+def test_the_planner_checks_each_number_against_its_knobs_range(f):
+    """estimate() (the Python API, no CLI in between) refuses the value just below the range."""
+    from backend.planner import estimate
+
+    low = f.metadata["minimum"] - (0 if f.metadata.get("is_minimum_exclusive") else 1)
+    with pytest.raises(ValueError, match=rf"^{f.name} must be .*{f.metadata['minimum']:g}.*, got {low!r}$"):
+        estimate(PlanRequest(model=PLAN_FORM["model"], **{f.name: KINDS[f.name](low)}))

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
 from backend.engines import ENGINES
 from backend.errors import UserError
-from backend.knobs import knob
+from backend.knobs import check_number, knob, scalar_types
 from backend.planner.catalog import (
     Quantization,
     get_quantization,
@@ -140,15 +140,10 @@ def _check(condition: bool, message: str) -> None:
 
 def _check_counts(req: PlanRequest) -> None:
     _check(req.engine in ENGINES, f"unknown engine {req.engine!r}; choose one of: {', '.join(ENGINES)}")
-    for name in ("num_gpus", "pp", "input_len", "output_len", "concurrency", "block_size"):
-        value = getattr(req, name)
-        _check(isinstance(value, int) and value >= 1, f"{name} must be an integer >= 1, got {value!r}")
-    for name in ("max_num_seqs", "max_num_batched_tokens"):
-        value = getattr(req, name)
-        _check(
-            value is None or (isinstance(value, int) and value >= 1),
-            f"{name} must be an integer >= 1 or None (the engine's default), got {value!r}",
-        )
+    kinds = scalar_types(PlanRequest)
+    for f in fields(PlanRequest):  # each number in its knob's range; tp and max_model_len: the model's too
+        if kinds[f.name] in (int, float) and f.name not in ("tp", "max_model_len"):
+            check_number(f, getattr(req, f.name), kinds[f.name])
     _check(
         req.usage_context in USAGE_CONTEXTS,
         f"usage_context must be one of {', '.join(USAGE_CONTEXTS)}, got {req.usage_context!r}",
@@ -160,11 +155,6 @@ def _check_counts(req: PlanRequest) -> None:
     )
     car = req.disable_custom_all_reduce
     _check(isinstance(car, bool), f"disable_custom_all_reduce must be true or false, got {car!r}")
-    util = req.gpu_memory_utilization
-    _check(
-        isinstance(util, int | float) and 0 < util <= 1,
-        f"gpu_memory_utilization must be in (0, 1], got {util!r}",
-    )
 
 
 def validate_request(req: PlanRequest, spec: ModelSpec) -> tuple[int, int]:
