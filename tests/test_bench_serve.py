@@ -77,7 +77,10 @@ def test_chat_benchmark_reports_every_field_and_exact_token_counts(served):
     for m in ("ttft", "tpot", "itl", "e2el"):
         assert 0 < data[f"median_{m}_ms"] <= data[f"p90_{m}_ms"] <= data[f"p99_{m}_ms"]
     assert data["mean_e2el_ms"] > data["mean_ttft_ms"]
-    assert len(data["itls"]) == 12 and all(len(gaps) >= 1 for gaps in data["itls"])
+    # a gap per chunk after the first: a reader slower than the steps gets several tokens in one chunk
+    # (the engine keeps the newest output, as vLLM's collector merges them), so only the bounds are fixed
+    assert len(data["itls"]) == 12 and all(len(gaps) <= 5 for gaps in data["itls"])
+    assert any(data["itls"]) and all(gap >= 0 for gaps in data["itls"] for gap in gaps)
     assert calls == [(i, 12) for i in range(1, 13)]
     assert json.loads(json.dumps(data, allow_nan=False))["config"]["request_rate"] == "inf"
     fig = latency_figure(result)
