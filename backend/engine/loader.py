@@ -29,6 +29,7 @@ from backend.engine.quantization.quantized_linear import Part, dequantize_part
 from backend.errors import ModelNotFound
 from backend.model_limits import check_config, read_config_json
 from backend.model_names import served_model_name
+from backend.model_support import refuse_unsupported
 
 SUPPORTED_ARCHITECTURES = supported_architectures()  # models/registry.py
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -60,6 +61,7 @@ def resolve_model(model: str) -> tuple[str, str | None]:
         raise ModelNotFound(
             f"Model path not found: {model} (expected a local model folder, a .gguf file or a Hub id)"
         )
+    refuse_unsupported(model)  # config.json alone first: an architecture we cannot run downloads nothing
     from huggingface_hub import snapshot_download
 
     try:
