@@ -23,6 +23,15 @@ HARMONY_SPECIAL_TOKENS = (
     "<|call|>",
     "<|constrain|>",
 )
+# A Lark grammar (llguidance: <|token|> is a special token) that makes any model answer in harmony's shape:
+# the reasoning in lower case, the answer in upper case, so each field's text says which channel it came from
+HARMONY_GRAMMAR = r"""
+start: analysis final
+analysis: <|channel|> "analysis" <|message|> THINK <|end|>
+final: <|start|> "assistant" <|channel|> "final" <|message|> ANSWER <|return|>
+THINK: /[a-z ]{1,40}/
+ANSWER: /[A-Z ]{1,24}/
+"""
 _ROOT = Path(tempfile.mkdtemp(prefix="harmony-tests-"))
 atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
 

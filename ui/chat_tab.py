@@ -12,6 +12,7 @@ import gradio as gr
 
 from backend.engine.sampling_params import SamplingParams
 from backend.server.engine_holder import EngineHolder, EngineState
+from backend.server.harmony import HarmonyParser
 from backend.server.limits import engine_input_limits
 from ui import charts, launch_tab, load, structured_panel
 from ui.common import (
@@ -31,6 +32,7 @@ from ui.common import (
 from ui.inputs import form_number, form_slider
 
 DEFAULT_SYSTEM = "You are a helpful assistant. Answer briefly."
+THINKING = "Thinking"  # the title of a reply's reasoning message (collapsible in the chatbot)
 STATS_MARK = (
     "\n\n<sub>reply stats: "  # starts the stats line under each reply; stripped before the next prompt
 )
@@ -90,6 +92,33 @@ def reply_stats(started: float, first_token: float | None, finished: float, toke
     return f"TTFT {ms(first_token - started)} · {tok_s(decode)} · {tokens} tokens · finish: {reason}"
 
 
+def reply_messages(reasoning: str | None, content: str, is_finished: bool) -> list[dict[str, Any]]:
+    """A reply as chatbot messages: its reasoning (vLLM's reasoning_content) first as a collapsible
+    "Thinking" message, open while it is being written, then the answer."""
+    thinking = []
+    if reasoning:
+        status = "done" if content or is_finished else "pending"
+        metadata = {"title": THINKING, "status": status}
+        thinking = [{"role": "assistant", "content": reasoning, "metadata": metadata}]
+    answer = [{"role": "assistant", "content": content}] if content or is_finished or not thinking else []
+    return [*thinking, *answer]
+
+
+def reply_of(harmony: HarmonyParser | None, output: Any) -> list[dict[str, Any]]:
+    """The chatbot messages of an engine output so far: harmony's channels read from its token ids
+    (backend.server.harmony, as the server's reasoning_content), else its text."""
+    completion, is_finished = output.outputs[0], output.finished
+    if harmony is None:
+        return reply_messages(None, completion.text, is_finished)
+    split = harmony.split(completion.token_ids, is_finished)
+    return reply_messages(split.reasoning, split.content or "", is_finished)
+
+
+def is_thinking(message: dict[str, Any]) -> bool:
+    """A shown reasoning message: not sent back to the model (gpt-oss drops past reasoning too)."""
+    return (message.get("metadata") or {}).get("title") == THINKING
+
+
 def message_text(content: str | list[dict[str, Any]]) -> str:
     """A chatbot message's text without its stats line (Gradio passes content as a list of typed parts)."""
     if not isinstance(content, str):
@@ -111,7 +140,8 @@ async def chat(ctx: AppContext, form: dict[str, Any], client: str = "local") -> 
     except ValueError as exc:
         yield gr.skip(), gr.skip(), gr.skip(), error_message(describe(exc))
         return
-    history = [{"role": m["role"], "content": message_text(m["content"])} for m in form["history"] or []]
+    shown = [m for m in form["history"] or [] if not is_thinking(m)]
+    history = [{"role": m["role"], "content": message_text(m["content"])} for m in shown]
     history.append({"role": "user", "content": text})
     if (server := ctx.external.ready()) is not None:  # an engine launched from the Launch tab answers
         async for update in chat_external(server, system, history, params):
@@ -124,6 +154,7 @@ async def chat(ctx: AppContext, form: dict[str, Any], client: str = "local") -> 
         yield history, gr.skip(), "", error_message(why)
         return
     started, first_token, out = time.time(), None, None
+    harmony = HarmonyParser.for_tokenizer(engine.tokenizer)  # gpt-oss: reasoning shown apart
     try:
         cap = ctx.policy.max_input_tokens if ctx.policy.is_public else None
         limits = await engine_input_limits(engine, cap)
@@ -137,7 +168,7 @@ async def chat(ctx: AppContext, form: dict[str, Any], client: str = "local") -> 
                 ticket.leave()  # started
                 if first_token is None and out.outputs[0].token_ids:
                     first_token = time.time()
-                yield [*history, {"role": "assistant", "content": out.outputs[0].text}], gr.skip(), "", ""
+                yield [*history, *reply_of(harmony, out)], gr.skip(), "", ""
         finally:
             ticket.leave()
     except Exception as exc:  # too long, queue or share full, engine stopped: show it, keep the UI alive
@@ -147,8 +178,9 @@ async def chat(ctx: AppContext, form: dict[str, Any], client: str = "local") -> 
     stats = reply_stats(
         started, first_token, time.time(), len(completion.token_ids), completion.finish_reason
     )
-    reply = {"role": "assistant", "content": f"{completion.text}{STATS_MARK}{stats}</sub>"}
-    yield [*history, reply], gr.skip(), stats, ""
+    *thinking, answer = reply_of(harmony, out)
+    answer = {**answer, "content": f"{answer['content']}{STATS_MARK}{stats}</sub>"}
+    yield [*history, *thinking, answer], gr.skip(), stats, ""
 
 
 async def chat_external(server: Any, system: str, history: list, params: Any) -> AsyncIterator[tuple]:
@@ -156,21 +188,18 @@ async def chat_external(server: Any, system: str, history: list, params: Any) ->
     from ui.chat_remote import stream_reply
 
     yield [*history, {"role": "assistant", "content": f"⏳ ({server.engine})"}], "", "", ""
-    started, text, info = time.time(), "", {}
+    started, reasoning, text, info = time.time(), "", "", {}
     try:
-        async for text in stream_reply(server, system, history, params, info):
-            yield [*history, {"role": "assistant", "content": text}], gr.skip(), "", ""
+        async for reasoning, text in stream_reply(server, system, history, params, info):
+            yield [*history, *reply_messages(reasoning, text, False)], gr.skip(), "", ""
     except Exception as exc:  # the server stopped, refused the request: show it, keep the UI alive
         yield history, gr.skip(), "", error_message(f"{server.engine}: {describe(exc)}")
         return
     stats = reply_stats(started, info["first_token"], time.time(), info["tokens"], info["finish"])
     stats = f"{server.engine} · {stats}"
-    yield (
-        [*history, {"role": "assistant", "content": f"{text}{STATS_MARK}{stats}</sub>"}],
-        gr.skip(),
-        stats,
-        "",
-    )
+    *thinking, answer = reply_messages(reasoning, text, True)
+    answer = {**answer, "content": f"{text}{STATS_MARK}{stats}</sub>"}
+    yield [*history, *thinking, answer], gr.skip(), stats, ""
 
 
 def live_now_html(sample: dict[str, Any] | None) -> str:

@@ -10,6 +10,7 @@ import time
 import uuid
 
 from backend.engine.outputs import Logprob
+from backend.server.harmony import HarmonyParser, ReasoningStream
 from backend.server.tool_calls import ToolCallFormatter
 from backend.server.tool_parsers import ToolParser
 
@@ -81,9 +82,18 @@ class ChatFormatter(ResponseFormatter):
     chunk_object_name = "chat.completion.chunk"
     id_prefix = "chatcmpl"
 
-    def __init__(self, model: str, tokenizer, top_logprobs: int | None, tool_parser: ToolParser | None):
+    def __init__(
+        self,
+        model: str,
+        tokenizer,
+        top_logprobs: int | None,
+        tool_parser: ToolParser | None,
+        harmony: HarmonyParser | None = None,
+    ):
         super().__init__(model, tokenizer, top_logprobs)
         self.tools = ToolCallFormatter(tool_parser) if tool_parser is not None else None
+        # gpt-oss's harmony channels -> reasoning_content and content (harmony.py), read from token ids
+        self.reasoning = ReasoningStream(harmony) if harmony is not None else None
 
     def logprobs(self, ids: list[int], logprobs: list | None) -> dict | None:
         if logprobs is None or self.top_logprobs is None:
@@ -121,7 +131,10 @@ class ChatFormatter(ResponseFormatter):
         if self.tools is not None:
             delta, called = self.tools.delta(output.outputs[0].text, finish_reason is not None)
             finish_reason = "tool_calls" if called and finish_reason == "stop" else finish_reason
-        quiet = not ids or (self.tools is not None and self.top_logprobs is None)  # no empty tool deltas
+        elif self.reasoning is not None:
+            delta = self.reasoning.delta(output.outputs[0].token_ids, finish_reason is not None)
+        parsed = self.tools is not None or self.reasoning is not None
+        quiet = not ids or (parsed and self.top_logprobs is None)  # no empty deltas for a header's tokens
         if not delta and finish_reason is None and quiet:
             return None
         choice = {
@@ -145,6 +158,9 @@ class ChatFormatter(ResponseFormatter):
         if self.tools is not None:
             message, called = self.tools.message(comp.text)
             finish_reason = "tool_calls" if called and finish_reason == "stop" else finish_reason
+        elif self.reasoning is not None:
+            split = self.reasoning.parser.split(comp.token_ids, is_finished=True)
+            message |= {"content": split.content, "reasoning_content": split.reasoning}
         choice = {
             "index": 0,
             "message": message,

@@ -22,6 +22,7 @@ from backend.engine.exceptions import EngineDeadError, EngineGenerateError, Engi
 from backend.server.engine_provider import EngineProvider
 from backend.server.errors import OpenAIError, error_body
 from backend.server.fairness import ClientLine, WaitingTicket, client_id
+from backend.server.harmony import HarmonyParser
 from backend.server.limits import InputLimits, check_tools, engine_input_limits
 from backend.server.metrics import ServerMetrics
 from backend.server.protocol import (
@@ -334,7 +335,8 @@ def openai_router(ctx: ServingContext) -> APIRouter:
             params = sampling_params(req, len(ids), engine.max_model_len, top, structured)
             params = ctx.limit_max_tokens(req.max_completion_tokens or req.max_tokens, params)
             await compile_grammar(engine, params, param)
-            formatter = ChatFormatter(ctx.model_name(engine), engine.tokenizer, top, parser)
+            harmony = HarmonyParser.for_tokenizer(engine.tokenizer) if parser is None else None
+            formatter = ChatFormatter(ctx.model_name(engine), engine.tokenizer, top, parser, harmony)
             job = ctx.admit(engine, ids, params, formatter, _usage(req), ticket)
         return await run_job(request, job, req.stream)
 
