@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from backend.server.harmony import HarmonyParser, HarmonyTokens, ReasoningSplit, ReasoningStream
+from backend.server.protocol import ChatCompletionRequest
+from backend.server.serving import chat_prompt_ids
 from tests.engine_utils import tokenizer_dir
 from tests.harmony_utils import harmony_tokenizer
 
@@ -116,3 +118,15 @@ def test_the_chat_template_ends_the_prompt_where_the_parser_begins(tokenizer):
     prompt = tokenizer.apply_chat_template(history, add_generation_prompt=True, tokenize=False)
     assert prompt.endswith("<|start|>assistant")
     assert "<|start|>assistant<|channel|>final<|message|>Hello! How can I help?<|end|>" in prompt
+
+
+@pytest.mark.parametrize("effort", ["low", "high"])
+def test_reasoning_effort_reaches_gpt_oss_system_message(tokenizer, effort):
+    messages = [{"role": "user", "content": "Hi"}]
+    request = ChatCompletionRequest(messages=messages, reasoning_effort=effort)
+    prompt = tokenizer.decode(chat_prompt_ids(tokenizer, request))
+    assert f"Reasoning: {effort}\n" in prompt
+    default = tokenizer.decode(chat_prompt_ids(tokenizer, ChatCompletionRequest(messages=messages)))
+    assert "Reasoning: medium\n" in default  # the template's own default
+    with pytest.raises(ValueError, match="reasoning_effort"):
+        ChatCompletionRequest(messages=messages, reasoning_effort="extreme")

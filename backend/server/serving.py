@@ -259,9 +259,10 @@ def chat_prompt_ids(tokenizer, req: ChatCompletionRequest) -> list[int]:
     tools = [t.model_dump() for t in req.tools] if req.tools else None
     native = template_renders_tools(tokenizer)
     messages = render_messages(message_dicts(req.messages), req.tools, native)
+    effort = {"reasoning_effort": req.reasoning_effort} if req.reasoning_effort else {}  # others ignore it
     try:
         text = tokenizer.apply_chat_template(
-            messages, tools=tools if native else None, tokenize=False, add_generation_prompt=True
+            messages, tools=tools if native else None, tokenize=False, add_generation_prompt=True, **effort
         )
     except Exception as exc:  # the template's own checks, e.g. roles that must alternate
         raise OpenAIError(
