@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, str] = {
     "serve": "backend.server.cli",
     "bench": "backend.bench.cli",
     "compare": "backend.bench.compare_cli",
+    "quality": "backend.quality.cli",
     "export": "backend.export.cli",
 }
 

@@ -12,8 +12,12 @@ from pathlib import Path
 import torch
 
 ARCHITECTURES = ("llama", "llama_mqa_tied", "llama3_rope", "mistral", "qwen2", "qwen3", "granite")
+ARCHITECTURES += ("olmo2", "phi3", "phi4_mini", "smollm3", "gemma3")
+# families whose norm weights are drawn at random (not transformers' ones), so that a misplaced norm shows
+RANDOM_NORMS = ("olmo2", "phi3", "phi4_mini", "phi4_mini_long", "smollm3", "gemma3")
 # varied lengths around block boundaries (block_size 16 in most tests)
 PROMPT_LENGTHS = (1, 5, 16, 17, 33, 70)
+WINDOW = 20  # the windowed tiny models' sliding_window: not a multiple of block_size 16, below most prompts
 _ROOT = Path(tempfile.mkdtemp(prefix="engine-tests-"))
 atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
 
@@ -33,7 +37,17 @@ def tokenizer_dir() -> str:
 
 
 def _config(arch: str, vocab_size: int):
-    from transformers import GraniteConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import (
+        Gemma3TextConfig,
+        GraniteConfig,
+        LlamaConfig,
+        MistralConfig,
+        Olmo2Config,
+        Phi3Config,
+        Qwen2Config,
+        Qwen3Config,
+        SmolLM3Config,
+    )
 
     common = dict(
         vocab_size=vocab_size,
@@ -52,6 +66,8 @@ def _config(arch: str, vocab_size: int):
         return LlamaConfig(**common)
     if arch == "llama_flat":  # transformers' default init: nearly flat logits, so penalties dominate
         return LlamaConfig(**common | dict(initializer_range=0.02))
+    if arch == "llama_gelu":  # Gemma's MLP activation (tests/features_model_utils.py)
+        return LlamaConfig(**common | dict(hidden_act="gelu_pytorch_tanh"))
     if arch == "llama_mqa_tied":
         return LlamaConfig(
             **common | dict(num_key_value_heads=1, tie_word_embeddings=True, attention_bias=True)
@@ -64,6 +80,12 @@ def _config(arch: str, vocab_size: int):
         )
     if arch == "mistral":
         return MistralConfig(**common | dict(sliding_window=None))
+    if arch == "mistral_window":  # every layer windowed: blocks before the window are freed
+        return MistralConfig(**common | dict(sliding_window=WINDOW))
+    if arch == "qwen2_hybrid":  # layer 0 full, layer 1 windowed (max_window_layers): every block kept
+        return Qwen2Config(
+            **common | dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
+        )
     if arch == "qwen2":
         return Qwen2Config(**common)
     if arch == "qwen3":
@@ -73,7 +95,33 @@ def _config(arch: str, vocab_size: int):
         multipliers = dict(embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=4.0)
         multipliers |= dict(attention_multiplier=0.2, tie_word_embeddings=True)
         return GraniteConfig(**common | multipliers)
+    if arch == "olmo2":
+        return Olmo2Config(**common)
+    if arch == "phi3":  # Phi-3-mini: fused qkv_proj and gate_up_proj in the checkpoint
+        return Phi3Config(**common)
+    if arch.startswith("phi4_mini"):  # Phi-4-mini: LongRoPE on 3/4 of each head, tied embeddings
+        return Phi3Config(
+            **common | dict(hidden_size=128, tie_word_embeddings=True), rope_parameters=longrope(arch)
+        )
+    if arch == "smollm3":  # four layers: the last has no RoPE (SmolLM3-3B's every-4th pattern)
+        return SmolLM3Config(**common | dict(num_hidden_layers=4, pad_token_id=0))
+    if arch == "gemma3":  # six layers: five local, one global (Gemma 3's pattern), logits soft-capped
+        gemma = dict(num_hidden_layers=6, head_dim=32, query_pre_attn_scalar=24, pad_token_id=0)
+        gemma |= dict(sliding_window=512, final_logit_softcapping=30.0, tie_word_embeddings=True)
+        return Gemma3TextConfig(**common | gemma)
     raise ValueError(arch)
+
+
+def longrope(arch: str) -> dict:
+    """Phi-4-mini's rope_parameters in small: 24 of 32 dims rotate, with per-frequency factors. "phi4_mini"
+    never passes its original context (the short factors, attention factor 1); "phi4_mini_long" has an
+    original context of 64 in 512 (the long factors past it, attention factor sqrt(1 + ln 8 / ln 64))."""
+    original = 64 if arch == "phi4_mini_long" else 512
+    rope = dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.75)
+    rope |= dict(original_max_position_embeddings=original)
+    return rope | dict(
+        short_factor=[1.0 + i / 8 for i in range(12)], long_factor=[1.0 + i for i in range(12)]
+    )
 
 
 @cache
@@ -84,6 +132,11 @@ def tiny_model(arch: str) -> tuple[str, torch.nn.Module]:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
     torch.manual_seed(sum(map(ord, arch)))
     model = AutoModelForCausalLM.from_config(_config(arch, len(tokenizer)), dtype=torch.float32).eval()
+    if arch in RANDOM_NORMS:
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if "norm" in name:
+                    parameter.normal_(1.0, 0.5)
     path = _ROOT / arch
     model.save_pretrained(path, max_shard_size="2MB")  # several shards: exercises the index file
     tokenizer.save_pretrained(path)

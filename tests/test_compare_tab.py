@@ -72,7 +72,7 @@ def cli_report(url: str, model: str, out: Path) -> dict:
 @pytest.mark.slow
 def test_tab_sends_the_random_token_prompts_the_cli_sends(app_api, tmp_path):
     ctx, url = app_api
-    form = dict(chosen=[compare_tab.EMBEDDED], url=f"{url}/v1", dataset="random", **WORKLOAD)
+    form = dict(chosen=[compare_tab.EMBEDDED], url=f"{url}/v1", dataset="random", quality=True, **WORKLOAD)
     message, *_, files = compare_tab.run(ctx, form)
     assert "msg-error" not in message, message
     tab = json.loads(Path(next(f for f in files if f.endswith(".json"))).read_text())
@@ -95,6 +95,15 @@ def test_tab_sends_the_random_token_prompts_the_cli_sends(app_api, tmp_path):
         lengths = [WORKLOAD["input_len"] + salt_tokens] * WORKLOAD["num_prompts"]
         assert result["input_lens"] == lengths, result["errors"]
     assert "salt of its own" in message and "prefix-cache hits during each run" in message
+    # quality: the tab's reference is the embedded engine (whole rows), the CLI's the model in fp32 here;
+    # the URL serves the same fp32 engine, so its perplexity is the reference's, its top-1 the same
+    for report, reference in ((tab, compare_tab.EMBEDDED), (cli, f"{ctx.default_model}@dtype=float32")):
+        assert report["quality_reference"]["model"].startswith(reference)
+        for quality in (r["quality"] for r in report["rows"]):
+            assert quality["ppl"] == pytest.approx(report["quality_reference"]["ppl"], rel=1e-4)
+            assert quality["same_top_p"] == 1.0
+    assert tab["rows"][0]["quality"]["kld_kind"] == "exact" and tab["rows"][0]["quality"]["kld_mean"] == 0
+    assert tab["rows"][1]["quality"]["kld_kind"] == "lower bound" and "quality: 508 tokens" in message
 
 
 def test_embedded_target_plans_the_engine_as_it_runs(app_api):

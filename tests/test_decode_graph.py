@@ -14,11 +14,13 @@ import pytest
 import torch
 
 from backend.default_model import packaged_gguf
-from backend.engine import LLM, SamplingParams, cpu_kernels, graph_ops
+from backend.engine import LLM, SamplingParams, cpu_kernels, graph_ops, loader
 from backend.engine.decode_graph import DecodeGraph
+from backend.engine.decode_graph_support import unsupported_layer
 from backend.engine.device import cpu_has_fast_bf16
 from backend.planner.cpu_host import CPUHost
-from tests.engine_utils import assert_engine_clean, planned_graph_bytes, prompts, tiny_model
+from tests.engine_utils import WINDOW, assert_engine_clean, planned_graph_bytes, prompts, tiny_model
+from tests.features_model_utils import SOFT_CAP, FeaturesForCausalLM, features_model
 from tests.gguf_utils import VOCAB, Q, write_tiny_gguf
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -87,7 +89,8 @@ def joining_batch(vocab: int = 49152) -> tuple[list[list[int]], list[SamplingPar
     return batch, [greedy(n) for n in (12, 30, 7, 20, 9, 25)]
 
 
-@pytest.mark.parametrize("arch", ["llama", "granite"])  # Granite: its multipliers folded into weights
+# Granite: its multipliers folded into weights; Phi-3: its checkpoint's fused qkv_proj and gate_up_proj
+@pytest.mark.parametrize("arch", ["llama", "granite", "phi3"])
 def test_tiny_bf16_model_logits_equal_eager_as_batches_change(arch):
     batch, params = joining_batch()
     eager, captured, _ = run_both(tiny_model(arch)[0], batch, params, max_num_seqs=3)
@@ -113,6 +116,32 @@ def test_tiny_model_with_fp8_kv_cache_preemption_and_prefix_hits():
     stats = llm.stats()
     assert stats.num_preemptions_total > 0
     assert stats.prefix_cache_hits_total > 0
+    assert captured["graph_steps"]
+
+
+def test_windowed_model_with_freed_blocks_logits_equal_eager():
+    """Mistral with a window of 20 on every layer: the captured attention op carries the window, and the
+    blocks freed before it (NULL_BLOCK in the tables it copies) are never read."""
+    batch = prompts(lengths=(5, 40, 70), seed=8)
+    _, captured, llm = run_both(tiny_model("mistral_window")[0], batch, [greedy(30)] * 3, num_kv_blocks=20)
+    assert llm.stats().num_kv_blocks_freed_by_window_total > 0
+    assert captured["graph_steps"]
+
+
+def test_every_attention_feature_is_captured_and_logits_equal_eager(monkeypatch):
+    """Partial rotary, a soft-cap and sinks on layer 0, no RoPE and a window of 20 on layer 1, GELU(tanh)
+    MLPs (tests/features_model_utils.py): every layer is captured (rope_and_cache with the layer's
+    rotary_dim, the attention op with its options, gelu_tanh_and_mul) and the logits are the modules'."""
+    monkeypatch.setattr(loader, "model_class", lambda architecture: FeaturesForCausalLM)
+    folder = features_model()
+    model = LLM(folder, dtype="bfloat16", device="cpu", enforce_eager=True).llm_engine.runner.model
+    assert [unsupported_layer(layer) for layer in model.layers] == [None, None]
+    first, second = model.attention_specs
+    assert (first.rotary_dim, first.logits_soft_cap, first.has_sinks) == (8, SOFT_CAP, True)
+    assert (second.rotary_dim, second.sliding_window) == (0, WINDOW)
+    assert torch.equal(model.layers[0].self_attn.kernel_sinks, torch.linspace(-1.0, 2.0, 4))
+    batch = prompts(lengths=(5, 40, 70), seed=9)
+    _, captured, _ = run_both(folder, batch, [greedy(30)] * 3, max_num_seqs=3)
     assert captured["graph_steps"]
 
 
@@ -188,12 +217,32 @@ def test_a_stale_buffer_fails_the_comparison(monkeypatch):
     assert "diff" in str(failure.value) or "logits differ" in str(failure.value)
 
 
+@pytest.mark.parametrize("arch", ["phi4_mini", "smollm3"])
+def test_partial_rotary_and_nope_layers_are_captured(arch):
+    """Phi-4-mini's partial rotary and SmolLM3's layers without RoPE run in the captured step, and the
+    planner plans its buffers as the engine holds them."""
+    llm = LLM(tiny_model(arch)[0], dtype="bfloat16", device="cpu")
+    stats = llm.stats()
+    assert (
+        (llm.llm_engine.runner.decode_graph is not None)
+        == cpu_has_fast_bf16()
+        == (stats.decode_graph_bytes > 0)
+    )
+    assert planned_graph_bytes(llm, stats) == stats.decode_graph_bytes
+
+
 @pytest.mark.parametrize(
     ("arch", "dtype", "reason"),
-    [("qwen3", "bfloat16", "q/k norm"), ("llama", "float32", "a projection not on gemm_bf16")],
+    [
+        ("qwen3", "bfloat16", "q/k norm"),
+        ("olmo2", "bfloat16", "a layer of type SandwichDecoderLayer"),
+        ("gemma3", "bfloat16", "a layer of type SandwichDecoderLayer"),
+        ("llama", "float32", "a projection not on gemm_bf16"),
+    ],
 )
 def test_unsupported_models_keep_the_modules_and_say_why(arch, dtype, reason, caplog):
     caplog.set_level("INFO", logger="backend.engine.llm_engine")
     llm = LLM(tiny_model(arch)[0], dtype=dtype, device="cpu")
     assert llm.llm_engine.runner.decode_graph is None
     assert f"decode steps run the model's modules: {reason}" in caplog.text
+    assert planned_graph_bytes(llm, llm.stats()) == 0  # the planner's registry traits and config agree

@@ -76,7 +76,7 @@ def test_many_at_once_with_staggered_arrival(engines, arch):
 
 
 @pytest.mark.parametrize("budget", [1, 4, 16, 4096])
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "granite"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "granite", "olmo2", "phi4_mini", "smollm3", "gemma3"])
 def test_chunked_prefill_token_budgets(arch, budget):
     llm = make_llm(arch, max_num_batched_tokens=budget)
     batch = prompts(seed=3)
@@ -91,7 +91,16 @@ def test_chunked_prefill_token_budgets(arch, budget):
 
 
 @pytest.mark.parametrize(
-    ("arch", "enable_prefix_caching"), [("qwen2", True), ("qwen2", False), ("granite", True)]
+    ("arch", "enable_prefix_caching"),
+    [
+        ("qwen2", True),
+        ("qwen2", False),
+        ("granite", True),
+        ("olmo2", True),
+        ("phi3", True),
+        ("smollm3", True),
+        ("gemma3", True),
+    ],
 )
 def test_prefix_caching_on_and_off(arch, enable_prefix_caching):
     llm = make_llm(arch, enable_prefix_caching=enable_prefix_caching)
@@ -130,12 +139,26 @@ def test_forced_prefix_cache_hash_collision_never_serves_another_prompts_kv(monk
     assert_engine_clean(llm)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "olmo2", "phi4_mini", "smollm3", "gemma3"])
 def test_preemption_when_the_kv_pool_is_small(arch):
     llm = make_llm(arch, block_size=4, num_kv_blocks=30, max_num_seqs=8)
     batch = prompts(seed=6)
     outs = llm.generate(batch, GREEDY)
     assert llm.stats().num_preemptions_total > 0
     assert token_ids(outs) == [hf_greedy(arch, p, MAX_TOKENS) for p in batch]
+    _engines.remove(llm)
+    assert_engine_clean(llm)
+
+
+@pytest.mark.parametrize(("max_model_len", "lengths"), [(64, (5, 30, 40)), (512, (65, 100))])
+def test_longrope_factors_follow_max_model_len(max_model_len, lengths):
+    """Phi-4-mini's LongRoPE (original context 64 of 512): within the original context the short factors,
+    past it the long ones, fixed per engine by max_model_len (vLLM's rule); transformers picks them per
+    forward pass, which is the same for sequences within 64 tokens and for prompts longer than 64."""
+    llm = make_llm("phi4_mini_long", max_model_len=max_model_len, max_num_batched_tokens=32)
+    batch = prompts(lengths=lengths, seed=10)
+    assert token_ids(llm.generate(batch, GREEDY)) == [
+        hf_greedy("phi4_mini_long", p, MAX_TOKENS) for p in batch
+    ]
     _engines.remove(llm)
     assert_engine_clean(llm)

@@ -1,6 +1,7 @@
 """The native CPU prefill-attention kernel (csrc/prefill_attention.cpp) against an fp64 causal SDPA over
 each chunk's gathered blocks: cached prefixes, block sizes, GQA ratios, fp8 pools, threads, and each
-instruction-set build; and the engine on it against transformers."""
+instruction-set build (there also the decode kernel with a window, a soft-cap and sinks, and
+gelu_tanh_and_mul); and the engine on it against transformers."""
 
 from __future__ import annotations
 
@@ -82,7 +83,8 @@ def test_every_work_item_is_done_once_on_several_threads(threads):
 CHECK_BUILD = """
 import torch
 from backend.engine import cpu_kernels
-from tests.attention_utils import CPU_FLAGS, prefill_case, reference_prefill
+from tests.attention_utils import CPU_FLAGS, Features, prefill_case, reference_prefill
+from tests.attention_utils import decode_inputs, reference_decode, reference_prefill_features
 print("bf16 dot", int(cpu_kernels.prefill_attention_bf16_dot()))
 for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
     for shape, block_size in (((9, 3, 64), 16), ((4, 2, 16), 5)):
@@ -91,6 +93,22 @@ for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
         cpu_kernels.paged_prefill_attention(case.q, case.k_cache, case.v_cache, case.inputs, case.scale, out)
         first, end = case.rows
         torch.testing.assert_close(out[first:end].double(), reference_prefill(case), atol=tol, rtol=tol)
+        # a window (its edge tiles masked), a soft-cap and sinks, in the prefill and the decode kernel
+        features = Features(20, 5.0, torch.linspace(-1.0, 2.0, shape[0]))
+        cpu_kernels.paged_prefill_attention(
+            case.q, case.k_cache, case.v_cache, case.inputs, case.scale, out, **features.kwargs()
+        )
+        expected = reference_prefill_features(case, features)
+        torch.testing.assert_close(out[first:end].double(), expected, atol=tol, rtol=tol)
+        q, k_cache, v_cache, tables, lens, kv_scales = decode_inputs(dtype, shape)
+        out = torch.empty_like(q)
+        scale = shape[2] ** -0.5
+        cpu_kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, out, **features.kwargs())
+        expected = reference_decode(q, k_cache, v_cache, tables, lens, kv_scales, features)
+        torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
+    gate_up = torch.randn(7, 200).to(dtype) * 4
+    expected = torch.nn.functional.gelu(gate_up[:, :100], approximate="tanh") * gate_up[:, 100:]
+    torch.testing.assert_close(cpu_kernels.gelu_tanh_and_mul(gate_up), expected, atol=1e-5 + tol, rtol=tol)
 print("prefill ok")
 """
 

@@ -219,6 +219,7 @@ def test_the_planner_reads_the_file_as_it_reads_the_checkpoint(family):
     from_folder = load_model_spec(tiny_family_model(family))
     fields = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim")
     fields += ("vocab_size", "attention", "sliding_window", "layer_types", "tie_word_embeddings")
+    fields += ("partial_rotary_factor",)
     fields += ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "params_total", "params_active")
     assert {f: getattr(from_file, f) for f in fields} == {f: getattr(from_folder, f) for f in fields}
     assert from_file.checkpoint_dtype == "gguf-all_f32"

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from backend.engine.outputs import CompletionOutput, RequestOutput
+from backend.server.chat_prompt import chat_options, chat_prompt_ids
 from backend.server.harmony import HarmonyParser, HarmonyTokens, ReasoningSplit, ReasoningStream
 from backend.server.protocol import ChatCompletionRequest
-from backend.server.serving import chat_prompt_ids
+from backend.server.responses_output import ResponsesFormatter
+from backend.server.responses_protocol import ResponsesRequest
+from backend.server.responses_stream import ResponsesEvents
 from tests.engine_utils import tokenizer_dir
 from tests.harmony_utils import harmony_tokenizer
 
@@ -124,9 +128,34 @@ def test_the_chat_template_ends_the_prompt_where_the_parser_begins(tokenizer):
 def test_reasoning_effort_reaches_gpt_oss_system_message(tokenizer, effort):
     messages = [{"role": "user", "content": "Hi"}]
     request = ChatCompletionRequest(messages=messages, reasoning_effort=effort)
-    prompt = tokenizer.decode(chat_prompt_ids(tokenizer, request))
+    prompt = tokenizer.decode(chat_prompt_ids(tokenizer, request, chat_options(request)))
     assert f"Reasoning: {effort}\n" in prompt
-    default = tokenizer.decode(chat_prompt_ids(tokenizer, ChatCompletionRequest(messages=messages)))
+    plain = ChatCompletionRequest(messages=messages)
+    default = tokenizer.decode(chat_prompt_ids(tokenizer, plain, chat_options(plain)))
     assert "Reasoning: medium\n" in default  # the template's own default
     with pytest.raises(ValueError, match="reasoning_effort"):
         ChatCompletionRequest(messages=messages, reasoning_effort="extreme")
+
+
+def test_a_responses_message_is_the_final_channel_whole_and_streamed(tokenizer):
+    """/v1/responses (n=1): the output message holds harmony's final channel, not the analysis; the
+    streamed text deltas add up to it."""
+    ids = ids_of(tokenizer, ANSWER)
+    req = ResponsesRequest(model="m", input="Hi")
+
+    def output(upto: int, finish_reason: str | None) -> RequestOutput:
+        text = tokenizer.decode(ids[:upto], skip_special_tokens=True)
+        comp = CompletionOutput(0, text, ids[:upto], finish_reason=finish_reason)
+        return RequestOutput("r", None, [1, 2], [comp], finished=finish_reason is not None)
+
+    whole = ResponsesFormatter("m", tokenizer, None, req, HarmonyTokens.of(tokenizer))
+    (item,) = whole.response([output(len(ids), "stop")])["output"]
+    assert item["type"] == "message" and item["content"][0]["text"] == "Hello! How can I help?"
+    events = ResponsesEvents(ResponsesFormatter("m", tokenizer, None, req, HarmonyTokens.of(tokenizer)))
+    sent = [
+        e
+        for upto in range(1, len(ids) + 1)
+        for e in events.update(output(upto, "stop" if upto == len(ids) else None))
+    ]
+    deltas = "".join(e["delta"] for e in sent if e["type"] == "response.output_text.delta")
+    assert deltas == "Hello! How can I help?"

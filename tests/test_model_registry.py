@@ -1,6 +1,7 @@
 """The model registry (architecture name -> class, traits the planner reads without torch), the checks a
 config.json passes before the model is allocated, and the shared layers' variants against transformers:
-partial rotary, RoPE tables per layer type, and the refusal of attention options the path lacks."""
+partial rotary, RoPE tables per layer type, windows, soft-caps and sinks reaching paged_attention, and the
+refusal of an attention option the path does not take."""
 
 from __future__ import annotations
 
@@ -8,13 +9,20 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from backend.engine import LLM
-from backend.engine.layers.attention import Attention, AttentionSpec
+from backend.engine.attention import AttentionMetadata, PrefillChunk
+from backend.engine.cpu_kernels import PrefillKernelInputs
+from backend.engine.decode_graph_support import unsupported_layer
+from backend.engine.layers import attention as attention_layer
+from backend.engine.layers.attention import PAGED_ATTENTION_OPTIONS, Attention, AttentionSpec
+from backend.engine.layers.decoder import DecoderLayer
+from backend.engine.layers.mlp import GatedMLP
 from backend.engine.layers.rotary import RopeSpec, RopeTables, apply_rope, rope_table
 from backend.engine.loader import load_model
 from backend.engine.models.base import CausalLM
@@ -25,6 +33,7 @@ from backend.engine.models.registry import (
     supported_architectures,
     traits_of,
 )
+from tests.attention_utils import Features, reference_attention
 from tests.common_utils import ROOT
 from tests.engine_utils import ARCHITECTURES, tiny_model
 
@@ -69,7 +78,9 @@ def test_declared_traits_are_what_the_built_model_does(arch):
     loaded = load_model(tiny_model(arch)[0], torch.float32, torch.device("cpu"))
     traits = traits_of(loaded.hf_config.architectures[0], loaded.hf_config.model_type)
     assert traits is not None and type(loaded.model) is model_class(loaded.hf_config.architectures[0])
-    assert [spec.qk_norm for spec in loaded.model.attention_specs] == [traits.qk_norm] * 2
+    specs = loaded.model.attention_specs
+    assert [spec.qk_norm for spec in specs] == [traits.qk_norm] * len(specs)
+    assert all(spec.rope is not None for spec in specs) == traits.rope_on_every_layer
 
 
 def edited_copy(tmp_path, **changes) -> str:
@@ -84,11 +95,17 @@ def edited_copy(tmp_path, **changes) -> str:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"num_hidden_layers": 0}, r"num_hidden_layers must be an integer in \[1, 1024\], got 0"),
-        ({"vocab_size": 1 << 40}, r"vocab_size must be an integer in \[1, 2097152\]"),
-        ({"hidden_size": -64}, r"hidden_size must be an integer"),
+        (
+            {"num_hidden_layers": 0},
+            r"num_hidden_layers = 0 is outside what any model has: expected a whole number in 1..1,024",
+        ),
+        ({"vocab_size": 1 << 40}, r"vocab_size = 1099511627776 is outside what any model has"),
+        ({"hidden_size": -64}, r"hidden_size = -64 is outside what any model has"),
         ({"num_key_value_heads": 3}, r"must be a multiple of num_key_value_heads \(3\)"),
-        ({"max_position_embeddings": 1 << 30}, r"max_position_embeddings must be an integer"),
+        (
+            {"max_position_embeddings": 1 << 30},
+            r"max_position_embeddings = 1073741824 is outside what any model",
+        ),
         ({"rms_norm_eps": -1.0}, r"rms_norm_eps must be a positive finite number"),
         (
             {"intermediate_size": 4096},
@@ -143,6 +160,54 @@ def test_rope_tables_per_layer_type_match_transformers():
     assert not torch.equal(local.cos, full.cos)
 
 
+def one_prefill(tokens: int, block_size: int, use_kernel: bool) -> AttentionMetadata:
+    """One sequence's first chunk of tokens in blocks 0, 1, ...: the kernels' inputs, or the PyTorch
+    path's chunk (plain causal over its own keys, as the runner builds a first chunk)."""
+    positions = torch.arange(tokens)
+    kernel = PrefillKernelInputs(
+        torch.tensor([0, tokens]), torch.tensor([tokens]), torch.arange(-(-tokens // block_size))[None]
+    )
+    chunks = [] if use_kernel else [PrefillChunk(0, tokens, 0, None, None)]
+    return AttentionMetadata(
+        positions, positions, 0, None, None, None, None, chunks, kernel if use_kernel else None, None
+    )
+
+
+@pytest.mark.parametrize("use_kernel", [False, True])
+@pytest.mark.parametrize("rope", [RopeSpec(16), RopeSpec(8), None], ids=["whole", "partial", "none"])
+def test_attention_options_reach_paged_attention_as_transformers_computes_them(use_kernel, rope):
+    """A layer with a window, a soft-cap and sinks (each now accepted) computes transformers' attention
+    with all three (tests/attention_utils.reference_attention), on the kernels and on the PyTorch path,
+    with whole-head, partial or no RoPE (the kernel path rotates on rope_and_cache for all three)."""
+    spec = AttentionSpec(4, 2, 16, 0.3, rope, sliding_window=5, logits_soft_cap=4.0, has_sinks=True)
+    assert spec.rope_kernel_serves
+    torch.manual_seed(0)
+    attention = Attention(64, spec, (False, False), 1e-6)
+    assert attention.options == {"sliding_window": 5, "soft_cap": 4.0, "sinks": True}
+    with torch.no_grad():
+        for linear in (attention.qkv_proj, attention.o_proj):
+            linear.weight.normal_(0.0, 0.5)
+        attention.sinks.copy_(torch.tensor([-1.0, 0.0, 1.0, 3.0]))
+    attention.prepare()
+    attention.use_kernel = use_kernel
+    tokens, block_size = 21, 16
+    x = torch.randn(tokens, 64)
+    tables = rope_table(SimpleNamespace(rope_parameters={}), rope, tokens) if rope else None
+    ropes = {rope: tables.at(torch.arange(tokens))} if rope and tables else {}
+    pool = (2, 2, block_size, 16)
+    caches = (torch.zeros(pool), torch.zeros(pool))
+    meta = one_prefill(tokens, block_size, use_kernel)
+    with torch.inference_mode():
+        out = attention(x, ropes, *caches, meta)
+        q, k, v = attention.qkv_heads(attention.qkv_proj(x), ropes.get(rope))  # q/k rotated as transformers
+        features = Features(sliding_window=5, soft_cap=4.0, sinks=attention.sinks.detach())
+        o = reference_attention(q, k.transpose(0, 1), v.transpose(0, 1), list(range(tokens)), 0.3, features)
+        expected = attention.o_proj(o.float().reshape(tokens, 64))
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+    plain = reference_attention(q, k.transpose(0, 1), v.transpose(0, 1), list(range(tokens)), 0.3, Features())
+    assert not torch.allclose(o, plain, atol=1e-2)  # the options changed what the layer computes
+
+
 @pytest.mark.parametrize(
     ("feature", "name"),
     [
@@ -151,8 +216,38 @@ def test_rope_tables_per_layer_type_match_transformers():
         ({"has_sinks": True}, "sinks"),
     ],
 )
-def test_attention_options_the_path_lacks_are_refused_by_name(feature, name):
+def test_an_option_the_path_does_not_take_is_refused_by_name(feature, name, monkeypatch):
+    """Every AttentionSpec feature is in PAGED_ATTENTION_OPTIONS now; one that a path stops taking (or a
+    future one not yet added) is refused when the layer is built, naming it, not run without it."""
     spec = AttentionSpec(4, 2, 16, 0.25, RopeSpec(16), **feature)
+    assert set(Attention(64, spec, (False, False), 1e-6).options) == {name}
+    monkeypatch.setattr(attention_layer, "PAGED_ATTENTION_OPTIONS", PAGED_ATTENTION_OPTIONS - {name})
     with pytest.raises(ValueError, match=f"attention feature.*{name}"):
         Attention(64, spec, (False, False), 1e-6)
     Attention(64, AttentionSpec(4, 2, 16, 0.25, None), (False, False), 1e-6)  # no RoPE: nothing refused
+
+
+def test_the_captured_step_still_refuses_qk_norm():
+    """The captured decode step takes every option and RoPE variant; q/k norm (Qwen3, OLMo 2) has no
+    captured call yet, and a model with it keeps the modules (test_decode_graph says why at start)."""
+    spec = AttentionSpec(4, 2, 16, 0.25, None, qk_norm=True, sliding_window=8, has_sinks=True)
+    layer = DecoderLayer(Attention(64, spec, (False, False), 1e-6), GatedMLP(64, 128, False), 64, 1e-6)
+    assert unsupported_layer(layer) == "q/k norm (Qwen3, OLMo 2) has no captured kernel"
+    plain = DecoderLayer(
+        Attention(64, replace(spec, qk_norm=False), (False, False), 1e-6),
+        GatedMLP(64, 128, False, "gelu_pytorch_tanh"),
+        64,
+        1e-6,
+    )
+    assert unsupported_layer(plain) is None
+
+
+@pytest.mark.parametrize("flags", [[1, 1, 0], [1, 1, 1, 2], "1110", None])
+def test_smollm3_no_rope_layers_must_be_one_flag_per_layer(flags):
+    from backend.engine.models.smollm3 import layer_flags
+
+    assert layer_flags(SimpleNamespace(no_rope_layers=[1, 1, 1, 0]), "no_rope_layers", 4) == [True] * 3 + [
+        False
+    ]
+    with pytest.raises(ValueError, match=r"no_rope_layers must be a list of 4 values 0 or 1, got"):
+        layer_flags(SimpleNamespace(no_rope_layers=flags), "no_rope_layers", 4)

@@ -218,3 +218,36 @@ def test_unreachable_hub_or_unknown_model_offers_presets():
     with pytest.raises(ValueError, match="GGUF file not found"):
         load_model_spec("/nonexistent/model.gguf")
     assert load_model_spec("llama-3.1-8b-instruct").name == "meta-llama/Llama-3.1-8B-Instruct"
+
+
+MOE_CONFIGS = {  # tiny configs of the MoE families the engine runs; Qwen3-MoE also with dense layers
+    "mixtral": ("MixtralConfig", dict(num_local_experts=8)),
+    "olmoe": ("OlmoeConfig", dict(num_experts=8)),
+    "granitemoe": ("GraniteMoeConfig", dict(num_local_experts=8)),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(num_experts=8, moe_intermediate_size=32, head_dim=16)),
+    "qwen3_moe_step2": ("Qwen3MoeConfig",
+        dict(num_experts=4, moe_intermediate_size=8, decoder_sparse_step=2)
+    ),
+    "qwen3_moe_dense_0_3": ("Qwen3MoeConfig",
+        dict(num_experts=4, moe_intermediate_size=8, mlp_only_layers=[0, 3])
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", MOE_CONFIGS)
+def test_moe_parameter_counts_are_transformers_own(name):
+    """The formula's total and experts' share are transformers' own count of the model (built on the meta
+    device): experts only in the sparse layers (Qwen3-MoE's decoder_sparse_step, mlp_only_layers)."""
+    import torch
+    import transformers
+
+    class_name, options = MOE_CONFIGS[name]
+    config = getattr(transformers, class_name)(
+        vocab_size=1000, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, num_experts_per_tok=2, **options,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    kinds = count_params(config.to_dict())
+    assert sum(kinds.values()) == sum(p.numel() for p in model.parameters())
+    assert kinds["experts"] == sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)

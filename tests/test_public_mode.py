@@ -32,7 +32,7 @@ MAX_TOKENS = 16
 MAX_INPUT_TOKENS = 64
 MAX_UPLOADS = 3
 # handlers a visitor must not reach: Plan's checkpoint path and its Launch-here chain, Compare's run
-HIDDEN_HANDLERS = ("/check_plan", "/run_pending", "/checkpoint_hint", "/with_checkpoint")
+HIDDEN_HANDLERS = ("/check_plan", "/run_pending", "/checkpoint_hint", "/with_checkpoint", "/on_measure")
 COMPARE_LABEL = "Targets (running engines)"
 
 
@@ -125,6 +125,12 @@ def test_the_banner_says_where_it_listens_and_what_is_locked(app):
 def test_v1_and_metrics_need_the_key_the_ui_and_health_do_not(app):
     assert httpx.get(f"{app.url}/v1/models").status_code == 401
     assert httpx.get(f"{app.url}/metrics").status_code == 401
+    for path in ("/tokenizer_info", "/version"):
+        assert httpx.get(f"{app.url}{path}").status_code == 401
+        assert httpx.get(f"{app.url}{path}", headers=AUTH).status_code == 200
+    for path, body in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1]})):
+        assert httpx.post(f"{app.url}{path}", json=body).status_code == 401
+        assert httpx.post(f"{app.url}{path}", json=body, headers=AUTH).status_code == 200
     assert httpx.get(f"{app.url}/v1/models", headers=AUTH).json()["data"][0]["id"] == "llama"
     metrics = httpx.get(f"{app.url}/metrics", headers=AUTH).text
     assert "vllm:num_requests_running" in metrics and "prefix_cache" not in metrics  # no per-visitor hits
@@ -137,6 +143,14 @@ def test_the_api_caps_max_tokens_like_the_ui(app):
     body = {"messages": [{"role": "user", "content": "hi"}], "ignore_eos": True}  # no max_tokens: capped
     capped = httpx.post(f"{app.url}/v1/chat/completions", json=body, headers=AUTH, timeout=120).json()
     assert capped["usage"]["completion_tokens"] == MAX_TOKENS
+
+
+def test_the_responses_api_caps_max_output_tokens_likewise(app):
+    body = {"input": "hi", "max_output_tokens": MAX_TOKENS + 1}
+    too_many = httpx.post(f"{app.url}/v1/responses", json=body, headers=AUTH, timeout=120)
+    assert too_many.status_code == 400 and f"at most {MAX_TOKENS}" in too_many.json()["error"]["message"]
+    capped = httpx.post(f"{app.url}/v1/responses", json={"input": "hi"}, headers=AUTH, timeout=120).json()
+    assert capped["usage"]["output_tokens"] <= MAX_TOKENS
 
 
 def test_engine_control_without_the_admin_token_is_refused(app):

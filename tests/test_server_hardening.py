@@ -146,6 +146,18 @@ def test_a_forced_failure_in_the_forward_pass_fails_the_batch_not_the_engine(ser
     assert lines[-1] == "data: [DONE]"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_failure_fails_a_response_in_the_responses_api_shape(server, client, stream):
+    if not stream:
+        with pytest.raises(openai.InternalServerError, match="running the model failed"):
+            client.responses.create(model="tiny", input=f"x {EXECUTE_FAULT} y", max_output_tokens=5)
+        return
+    events = list(client.responses.create(model="tiny", input=f"x {EXECUTE_FAULT} y", stream=True))
+    assert [e.type for e in events] == ["response.created", "response.in_progress", "response.failed"]
+    failed = events[-1].response
+    assert failed.status == "failed" and "running the model failed" in failed.error.message
+
+
 def test_a_burst_beyond_the_queue_limit_gets_503_at_once(server):
     """60 long streaming requests at once: 2 may run and QUEUE_LIMIT wait (requests accepted but not yet
     in the engine count too), the rest are refused at once. None can finish during the burst."""

@@ -233,6 +233,10 @@ def test_a_prompt_too_long_to_fit_is_refused_before_it_is_tokenized(server, engi
     error = resp.json()["error"]
     assert error["code"] == "context_length_exceeded" and "characters long" in error["message"]
     assert len(calls) <= 1  # at most the tokenizer's one-time measure of its longest token, never the text
+    batch = {"prompt": ["word " * 2000] * 100, "max_tokens": 1}  # each fits; the batch as a whole does not
+    resp = post(f"{server.url}/v1/completions", batch)
+    assert resp.status_code == 400 and "characters long" in resp.json()["error"]["message"]
+    assert len(calls) <= 1
     chat = {"messages": [{"role": "user", "content": "word "}] * 5000, "max_tokens": 1}
     resp = post(f"{server.url}/v1/chat/completions", chat)  # refused before validating 5,000 messages
     assert resp.status_code == 400 and "messages has 5,000 items; the limit is 4,096" in resp.text
@@ -250,6 +254,22 @@ def test_an_input_token_cap_applies_to_completions_and_chat(engine):
         many = {"messages": [{"role": "user", "content": "hi"}] * 40, "max_tokens": 1}
         resp = post(f"{capped.url}/v1/chat/completions", many)
         assert resp.status_code == 400 and "40 messages cannot fit in 32 input tokens" in resp.text
+        batch = {"prompt": [list(range(5, 25))] * 2, "max_tokens": 1}  # 20 tokens each, 40 together
+        resp = post(f"{capped.url}/v1/completions", batch)
+        assert resp.status_code == 400 and "40 tokens" in resp.json()["error"]["message"]
+        text = "one two three " * 5
+        each = len(engine.tokenizer(text)["input_ids"])
+        assert each <= 32 < 3 * each  # each prompt fits the cap alone, the three together do not
+        echo = {"prompt": [text] * 3, "max_tokens": 0, "echo": True, "logprobs": 1}
+        resp = post(f"{capped.url}/v1/completions", echo)  # echo passes the same cap
+        assert resp.status_code == 400 and "at most 32 input tokens" in resp.json()["error"]["message"]
+        scored = {"prompt": "x " * 40, "max_tokens": 1, "prompt_logprobs": 1}
+        assert post(f"{capped.url}/v1/completions", scored).status_code == 400
+        response = post(f"{capped.url}/v1/responses", {"input": "hi " * 40, "max_output_tokens": 1})
+        assert response.status_code == 400 and "at most 32 input tokens" in response.text
+        counted = post(f"{capped.url}/tokenize", {"prompt": "hi " * 40})  # the same cap, the same words
+        assert counted.status_code == 400 and "at most 32 input tokens" in counted.text
+        assert post(f"{capped.url}/tokenize", {"prompt": "hi"}).json()["count"] >= 1
         assert post(f"{capped.url}/v1/completions", {"prompt": "hi", "max_tokens": 1}).status_code == 200
     finally:
         capped.stop()
@@ -279,6 +299,34 @@ def test_one_client_cannot_fill_the_waiting_queue(engine):
                 assert w1.status_code == w2.status_code == 200
         assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
         assert "Too many requests from this client" in refused.json()["error"]["message"]
+    finally:
+        first.close()
+        second.close()
+        fair.stop()
+
+
+def test_a_batch_holds_one_waiting_place_per_prompt(engine):
+    """max_num_seqs=1, each client may have 3 waiting: a batch of 4 prompts can never fit (400); a batch
+    of 3 streams its first prompt and holds 2 places until the others start, so the same client's batch
+    of 2 is refused (503) while another client's batch of 3 gets in; every place is given back."""
+    line = ClientLine(3)
+    fair = RunningServer(build_app(lambda: engine, max_waiting_requests=16, clients=line))
+    body = {"prompt": ["a b c"] * 3, "max_tokens": 4000, "ignore_eos": True, "stream": True}
+    url = f"{fair.url}/v1/completions"
+    first, second = client_from("127.0.0.2"), client_from("127.0.0.3")
+    try:
+        too_many = first.post(url, json={"prompt": ["hi"] * 4, "max_tokens": 1})
+        assert too_many.status_code == 400 and "send at most 3 prompts per request" in too_many.text
+        with first.stream("POST", url, json=body) as running:
+            lines = running.iter_lines()  # kept: a dropped iterator closes the stream
+            next(lines)  # prompt 0 runs; prompts 1 and 2 wait behind it
+            assert line.waiting("127.0.0.2") == 2
+            refused = first.post(url, json={"prompt": ["hi"] * 2, "max_tokens": 1})
+            assert refused.status_code == 503 and "this request's 2 prompts" in refused.text
+            with second.stream("POST", url, json=body) as other:
+                assert other.status_code == 200
+                assert line.waiting("127.0.0.3") == 3
+        wait_until(lambda: line.waiting("127.0.0.2") + line.waiting("127.0.0.3") == 0, what="places back")
     finally:
         first.close()
         second.close()

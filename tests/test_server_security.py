@@ -47,6 +47,11 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_t
         ("POST", "/v1/chat/completions", CHAT),
         ("POST", "/v1/completions", {"model": "tiny", "prompt": "hi"}),
         ("GET", "/metrics", None),
+        ("POST", "/v1/responses", {"model": "tiny", "input": "hi", "max_output_tokens": 3}),
+        ("POST", "/tokenize", {"model": "tiny", "prompt": "hi"}),
+        ("POST", "/detokenize", {"model": "tiny", "tokens": [1, 2]}),
+        ("GET", "/tokenizer_info", None),
+        ("GET", "/version", None),
     ],
 )
 def test_every_endpoint_but_health_needs_the_key(keyed, method, path, body):

@@ -132,6 +132,12 @@ def test_regex_choice_grammar_and_json_object_always_match(client):
             temperature=1.0, seed=seed, extra_body={"structured_outputs": {"choice": COLOURS}},
         )  # fmt: skip
         assert chat.choices[0].message.content in COLOURS
+    batch = client.completions.create(  # a batch of prompts, n samples each: every choice constrained
+        model=MODEL, prompt=["A product code:", "Another code:", "Code"], n=2, max_tokens=20,
+        temperature=1.0, seed=7, extra_body={"structured_outputs": {"regex": pattern}},
+    )  # fmt: skip
+    assert [c.index for c in batch.choices] == list(range(6))
+    assert all(re.fullmatch(pattern, c.text) and c.finish_reason == "stop" for c in batch.choices)
     grammar = 'root ::= "The answer is " ("yes" | "no") "."'
     out = client.completions.create(
         model=MODEL,

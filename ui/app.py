@@ -49,6 +49,9 @@ CSS = """
 /* Launch form: a label too long for its column wraps instead of being cut (vLLM's names have no spaces) */
 #launch-form [data-testid="block-info"], #launch-form .checkbox-container span {
   max-width: 100%; white-space: normal; overflow-wrap: anywhere; }
+/* Compare: its fifteen columns (speed, memory, plan, quality) fit the page; long cells wrap */
+#compare-table { table-layout: fixed; width: 100%; font-size: 0.85em; }
+#compare-table th, #compare-table td { white-space: normal; overflow-wrap: anywhere; padding: 4px; }
 """
 
 
@@ -116,15 +119,17 @@ def build_demo(ctx: AppContext) -> gr.Blocks:
 def build_server(ctx: AppContext) -> FastAPI:
     """One FastAPI app: the OpenAI-compatible API of the shared engine, with the UI mounted at /.
 
-    With an API key, /v1 and /metrics need it; the UI and /health do not."""
+    With an API key, the API (/v1, /metrics, /tokenize, /detokenize, /tokenizer_info, /version) needs it;
+    the UI and /health do not."""
     from backend.server import build_app
+    from backend.server.app import API_PATHS
     from backend.server.upload_limits import UploadLimitMiddleware
 
     policy = ctx.policy
     app = build_app(
         engine_provider=ctx.holder.get,
         api_key=ctx.api_key,
-        key_prefixes=("/v1", "/metrics"),
+        key_prefixes=API_PATHS,
         expose_prefix_cache=not policy.is_public,
         max_tokens_limit=policy.max_tokens if policy.is_public else None,
         max_input_tokens=policy.max_input_tokens if policy.is_public else None,

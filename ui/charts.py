@@ -165,9 +165,17 @@ def kv_axis_top(samples: Sequence[dict[str, Any]]) -> float:
     return min(100.0, max(10.0, 10.0 * math.ceil(peak * 1.25 / 10)))
 
 
-def kv_block_map_figure(block_owners: dict[str, list[int]], num_blocks: int, columns: int = 64) -> go.Figure:
-    """Every KV block as a cell, coloured by the request that holds it (grey = free)."""
+def kv_block_map_figure(
+    block_owners: dict[str, list[int]],
+    num_blocks: int,
+    columns: int = 64,
+    shared_blocks: dict[int, int] | None = None,
+) -> go.Figure:
+    """Every KV block as a cell, coloured by the request that holds it (grey = free); a block held by
+    several sequences (shared_blocks: block -> how many; a prompt shared by parallel samples or a
+    prefix-cache hit) carries a dark diamond."""
     rows = max(1, -(-num_blocks // columns))
+    shared = {block: count for block, count in (shared_blocks or {}).items() if 0 <= block < num_blocks}
     owner_index: list[list[int | None]] = [[None] * columns for _ in range(rows)]
     labels = [["free"] * columns for _ in range(rows)]
     for index, (request_id, blocks) in enumerate(sorted(block_owners.items()), start=1):
@@ -175,7 +183,9 @@ def kv_block_map_figure(block_owners: dict[str, list[int]], num_blocks: int, col
             if 0 <= block < num_blocks:
                 owner_index[block // columns][block % columns] = index
                 labels[block // columns][block % columns] = request_id
-    fig = _figure(f"KV blocks by request ({num_blocks} blocks, grey = free)", height=max(160, 60 + 14 * rows))
+    title = f"KV blocks by request ({num_blocks} blocks, grey = free"
+    title += ", ◆ = shared by several sequences)" if shared else ")"
+    fig = _figure(title, height=max(160, 60 + 14 * rows))
     fig.add_heatmap(
         z=owner_index,
         text=labels,
@@ -189,6 +199,17 @@ def kv_block_map_figure(block_owners: dict[str, list[int]], num_blocks: int, col
         customdata=[[r * columns + c for c in range(columns)] for r in range(rows)],
         hoverongaps=False,
     )
+    if shared:
+        fig.add_scatter(
+            x=[block % columns for block in shared],
+            y=[block // columns for block in shared],
+            mode="markers",
+            marker=dict(symbol="diamond", size=7, color="#111827"),
+            name="shared",
+            showlegend=False,
+            text=[f"block {block}<br>shared by {count} sequences" for block, count in shared.items()],
+            hovertemplate="%{text}<extra></extra>",
+        )
     fig.update_layout(plot_bgcolor="#e5e7eb")  # free blocks (None) show the background
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False, autorange="reversed")

@@ -241,8 +241,9 @@ def refresh_live(holder: EngineHolder, is_public: bool = False, external: Any = 
     """Timer handler: (numbers, live chart, KV block map) from the shared sample history; from the /metrics
     of an external engine launched from the Launch tab while one is ready.
 
-    In public mode prefix-cache hits are not shown and the block map does not tell requests apart:
-    either would let a visitor see whether someone else sent a prompt with the same beginning."""
+    In public mode prefix-cache hits are not shown and the block map neither tells requests apart nor
+    marks shared blocks: either would let a visitor see whether someone else sent a prompt with the same
+    beginning."""
     server = external.ready() if external is not None else None
     if server is not None:
         samples = server.samples()
@@ -258,11 +259,13 @@ def refresh_live(holder: EngineHolder, is_public: bool = False, external: Any = 
         return live_now_html(None), gr.skip(), gr.skip()
     stats = holder.last_stats()
     owners = stats.block_owners if stats is not None else {}
-    if is_public:
+    shared = stats.shared_blocks if stats is not None else {}
+    if is_public:  # a block shared with another request would show a prefix-cache hit too
         samples = [{**sample, "prefix_cache_hit_rate": None} for sample in samples]
         owners = {"in use": sorted({b for blocks in owners.values() for b in blocks})} if owners else {}
+        shared = {}
     total = stats.num_kv_blocks_total if stats is not None else 0
-    block_map = charts.kv_block_map_figure(owners, total) if total else gr.skip()
+    block_map = charts.kv_block_map_figure(owners, total, shared_blocks=shared) if total else gr.skip()
     return live_now_html(samples[-1]), charts.live_figure(samples), block_map
 
 

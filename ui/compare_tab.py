@@ -64,7 +64,8 @@ def targets(ctx: AppContext, chosen: list[str], url: str) -> list:
 def run(ctx: AppContext, form: dict[str, Any], progress: Any = None) -> tuple:
     """(message, table, throughput chart, latency chart, KV chart, report files) for the form."""
     from backend.bench.compare import Workload, run_compare, with_target_tokenizer
-    from backend.bench.compare_report import fairness_line, figures, table_html, write_report
+    from backend.bench.compare_quality import score_running
+    from backend.bench.compare_report import fairness_line, figures, quality_lines, table_html, write_report
 
     skip = (gr.skip(),) * 5
     try:
@@ -86,8 +87,15 @@ def run(ctx: AppContext, form: dict[str, Any], progress: Any = None) -> tuple:
         if progress is not None:
             progress(done / max(total, 1), desc=f"{name}: {done}/{total} requests")
 
+    def report_quality(done: int, total: int, label: str) -> None:
+        if progress is not None:
+            progress(done / max(total, 1), desc=f"quality, {label}: {done}/{total} chunks")
+
     try:
         comparison = run_compare(chosen_targets, workload, report)
+        if form["quality"]:
+            embedded = ctx.holder.get() if EMBEDDED in (form["chosen"] or []) else None
+            score_running(comparison, chosen_targets, embedded, progress=report_quality)
     except Exception as exc:  # a target went away mid-run: say which, keep the UI alive
         return (error_message(f"comparison failed: {describe(exc)}"), *skip)
     paths = write_report(comparison, tempfile.mkdtemp(prefix="compare-"))
@@ -95,7 +103,7 @@ def run(ctx: AppContext, form: dict[str, Any], progress: Any = None) -> tuple:
     failed = sum(r.failed for r in comparison.rows())
     message = ok_message(
         f"compared {len(chosen_targets)} targets on {workload.num_prompts} requests each; {failed} failed. "
-        + fairness_line(comparison)
+        + " ".join([fairness_line(comparison), *quality_lines(comparison)])
     )
     files = [str(paths["json"]), str(paths["html"])]
     return message, table_html(comparison.rows()), figs["throughput"], figs["latency"], figs["kv"], files
@@ -124,6 +132,11 @@ def build(ctx: AppContext) -> None:
                 form["input_len"] = form_number(256, label="Input tokens", precision=0, minimum=1)
                 form["output_len"] = form_number(64, label="Output tokens", precision=0, minimum=1)
                 form["seed"] = form_number(0, label="Seed", precision=0, minimum=0)
+            form["quality"] = gr.Checkbox(
+                True,
+                label="Quality columns: PPL, KL and top-1 on the quality text (embedded = reference)",
+                elem_id="compare-quality",
+            )
             start = gr.Button("Compare", variant="primary", elem_id="compare-run")
             message = gr.HTML(elem_id="compare-message")
             files = gr.File(label="Report (JSON, standalone HTML)", file_count="multiple")

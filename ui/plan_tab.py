@@ -216,6 +216,57 @@ def with_checkpoint(plan: dict[str, Any] | None, checkpoint: str) -> dict[str, A
     return {**plan, "checkpoint": (checkpoint or "").strip() or None} if plan else plan
 
 
+def quality_view(model: str, ctx: AppContext | None = None) -> str:
+    """The measured-quality panel for the model: its cached figures, or how to get them; with ctx, its
+    policy decides which models a visitor may name (no paths in public mode)."""
+    from backend.quality.plan_figures import view
+
+    name = str(model or "").strip()
+    try:
+        if ctx is not None:
+            ctx.policy.check_model_name(name, presets=(ctx.default_model,))
+        return view(name)
+    except Exception as exc:  # a refused name, an unreadable model folder or cache: say so, keep the tab
+        return f"Measured quality: {describe(exc)}"
+
+
+def measure_quality(model: str, progress: Any = None, ctx: AppContext | None = None) -> str:
+    """Run the measurement for a local model (cached), then show it; never for a public app's visitors
+    (it runs models on the host), whose button is hidden."""
+    from backend.quality.plan_figures import measure, table_markdown
+
+    if ctx is not None and ctx.policy.is_public:
+        return "Measured quality: a public app shows cached figures only; measuring runs on the owner's side."
+
+    def report(done: int, total: int, label: str) -> None:
+        if progress is not None:
+            progress(done / max(total, 1), desc=f"{label}: {done}/{total} chunks")
+
+    try:
+        return table_markdown(measure(str(model or "").strip(), report))
+    except Exception as exc:  # a model the engine cannot load, a bad spec: the message, not a crash
+        return f"Measured quality failed: {describe(exc)}"
+
+
+def quality_panel(ctx: AppContext, model: gr.Dropdown) -> tuple[gr.Markdown, Any]:
+    """Measured quality of the quantizations the engine offers for a local model (backend/quality)."""
+    with gr.Accordion("Measured quality on this machine (local models)", open=True, elem_id="plan-quality"):
+        table = gr.Markdown(elem_id="plan-quality-table")
+        if not ctx.policy.is_public:  # measuring runs models on the host: not even wired on a public app
+            run = gr.Button("Measure quality", elem_id="plan-quality-run")
+
+            def on_measure(name: str, progress: gr.Progress = gr.Progress()) -> str:  # noqa: B008 (Gradio)
+                return measure_quality(name, progress, ctx)
+
+            run.click(on_measure, model, table, concurrency_limit=1)
+
+    def on_view(name: str) -> str:
+        return quality_view(name, ctx)
+
+    model.change(on_view, model, table, show_progress="hidden")
+    return table, on_view
+
+
 @dataclass(slots=True)
 class PlanPanel:
     """What the app wires to other tabs: the plan state and the "Launch this plan here" controls."""
@@ -319,6 +370,7 @@ def build(ctx: AppContext, demo: gr.Blocks) -> PlanPanel:
             memory = gr.Plot(label="Memory per GPU", elem_id="plan-memory")
     compare = gr.Plot(label="GPU comparison", elem_id="plan-compare")
     recommendation = gr.Markdown(elem_id="plan-recommendation")
+    quality, on_view = quality_panel(ctx, form["model"])
 
     outputs = [badge, kpis, memory, compare, recommendation, message_box, plan_state]
 
@@ -336,5 +388,7 @@ def build(ctx: AppContext, demo: gr.Blocks) -> PlanPanel:
                 checkpoint_hint, [form["model"], form["quant"]], checkpoint, show_progress="hidden"
             )
     search.click(lambda text: search_hub(text, anonymous=public), query, [form["model"], message_box])
-    demo.load(on_change, set(form.values()), outputs).then(hub_status, None, [hub, query, search])
+    demo.load(on_change, set(form.values()), outputs).then(hub_status, None, [hub, query, search]).then(
+        on_view, form["model"], quality, show_progress="hidden"
+    )
     return PlanPanel(plan_state, launch_here, verdict, alternative)

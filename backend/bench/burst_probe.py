@@ -2,7 +2,7 @@
 chunk with text on the socket, and every engine step beside them.
 
 It wraps the ASGI app (arrival; the first SSE chunk whose choice has text, as vLLM's client times TTFT),
-AsyncLLM.add_request (admitted: tokenized and accepted on the event loop) and the engine's
+AsyncLLM.add_requests (admitted: tokenized and accepted on the event loop) and the engine's
 add_processed_request (handed over on the stepping thread; the engine's own RequestMetrics then give the
 first scheduled step and the first token). A request's arrival is tied to its id through a context
 variable: the endpoint runs in the task the ASGI wrapper was awaited in. Steps come from a StepRecorder.
@@ -26,7 +26,7 @@ TIMED_PATHS = ("/v1/completions", "/v1/chat/completions")
 class RequestTimes:
     arrived: float  # the HTTP request reached the app
     request_id: str | None = None
-    admitted: float | None = None  # tokenized and accepted by AsyncLLM.add_request (event loop)
+    admitted: float | None = None  # tokenized and accepted by AsyncLLM.add_requests (event loop)
     prompt_tokens: int = 0
     metrics: Any = None  # the engine's RequestMetrics: arrival_time (handed over), first_scheduled_time,
     # first_token_time (the end of the step that sampled it)
@@ -89,23 +89,25 @@ class BurstProbe:
         return timed
 
     def attach(self, async_llm) -> None:
-        """Hook AsyncLLM.add_request (event loop) and the engine's add_processed_request (stepping thread)."""
-        add_request, engine = async_llm.add_request, async_llm.engine
+        """Hook AsyncLLM.add_requests (event loop; add_request goes through it) and the engine's
+        add_processed_request (stepping thread)."""
+        add_requests, engine = async_llm.add_requests, async_llm.engine
         add_processed = engine.add_processed_request
 
-        def admitted(request_id, prompt_token_ids, *args, **kwargs):
-            collector = add_request(request_id, prompt_token_ids, *args, **kwargs)
+        def admitted(requests, *args, **kwargs):
+            collectors = add_requests(requests, *args, **kwargs)
             times = _current.get()
-            if times is not None:
+            if times is not None and requests:  # a batched completion: timed by its first prompt
+                request_id, prompt_token_ids = requests[0][0], requests[0][1]
                 times.request_id, times.admitted = request_id, time.time()
                 times.prompt_tokens = len(prompt_token_ids)
-            return collector
+            return collectors
 
         def handed(request_id, *args, **kwargs):
             add_processed(request_id, *args, **kwargs)
             self._metrics[request_id] = engine.requests[request_id].metrics
 
-        async_llm.add_request = admitted
+        async_llm.add_requests = admitted
         engine.add_processed_request = handed
         self.recorder.attach(engine)
 

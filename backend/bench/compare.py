@@ -19,11 +19,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import psutil
 
 from backend.bench.monitor import MetricsPoller
 from backend.bench.serve import BenchConfig, BenchResult, run_benchmark
+
+if TYPE_CHECKING:
+    from backend.quality.statistics import QualityResult
 
 
 @dataclass(slots=True)
@@ -157,6 +161,8 @@ class CompareRow:
     detail: str = ""  # the target's detail
     prompt_salt: str = ""  # before each of its prompts (Workload.salt)
     prefix_cache_hits: int | None = None  # tokens its run found cached (/metrics; None: not exported)
+    quality: QualityResult | None = None  # its target against the quality reference (compare_quality.py)
+    quality_note: str = ""  # why quality is None
 
 
 @dataclass(slots=True)
@@ -277,6 +283,7 @@ class Comparison:
     workload: Workload
     runs: list[TargetRun]
     offline: list[OfflineRun] = field(default_factory=list)
+    quality_reference: QualityResult | None = None  # the reference against itself: its PPL, its label
 
     def rows(self) -> list[CompareRow]:
         return [run.row for run in self.runs]
@@ -290,6 +297,7 @@ class Comparison:
             "workload": workload,
             "rows": [asdict(run.row) for run in self.runs],
             "offline": [asdict(run) for run in self.offline],
+            "quality_reference": asdict(self.quality_reference) if self.quality_reference else None,
             "samples": {run.row.target: [clean(s) for s in run.samples] for run in self.runs},
             "results": {run.row.target: run.result.to_dict() for run in self.runs},
         }

@@ -10,8 +10,11 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 LOCAL = ("embedded", "vllm", "sglang", "llamacpp")
 
@@ -55,6 +58,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="leave out the offline column (embedded: LLM.generate on each run's prompts, after its server)",
     )
+    parser.add_argument(
+        "--quality-chunks",
+        type=int,
+        default=4,
+        help="chunks of 256 tokens of the quality text each target is scored on (PPL, KL, top-1 against "
+        "the reference; 0 = no quality columns)",
+    )
+    parser.add_argument(
+        "--quality-reference",
+        default=None,
+        help="the quality reference, run here before the targets, as `app.py quality` specs: "
+        "MODEL[@OPTION,...] (default: the compared model @dtype=float32)",
+    )
     parser.add_argument("--out", default="compare-out", help="folder for compare.json and compare.html")
 
 
@@ -81,8 +97,12 @@ def main(args: argparse.Namespace) -> int:
         warmup, runs = split_runs(workload, args.max_concurrency, args.warmup)
     except ValueError as exc:
         raise SystemExit(f"compare: {exc}") from None
+    if args.quality_chunks < 0:
+        raise SystemExit(f"compare: --quality-chunks must be >= 0, got {args.quality_chunks}")
     comparison = Comparison(workload, [])
-    run_targets(args, model, warmup, runs, comparison)
+    with quality_reference(args, model) as quality:
+        comparison.quality_reference = quality.reference if quality else None
+        run_targets(args, model, warmup, runs, comparison, quality)
     print(format_table(comparison.rows()))
     print("\n".join(bar_lines(comparison) + note_lines(comparison)))
     paths = write_report(comparison, args.out)
@@ -90,8 +110,28 @@ def main(args: argparse.Namespace) -> int:
     return 0 if all(r.failed == 0 for r in comparison.rows()) else 1
 
 
-def run_targets(args: argparse.Namespace, model: str, warmup, runs, comparison) -> None:
-    """Each target in turn: start, warm up, one run per concurrency, stop; then the offline column."""
+@contextmanager
+def quality_reference(args: argparse.Namespace, model: str) -> Iterator[Any]:
+    """The quality reference scored here before any target starts (None: --quality-chunks 0)."""
+    if not args.quality_chunks:
+        yield None
+        return
+    from backend.bench.compare_quality import default_reference_spec, engine_reference
+    from backend.errors import UserError
+
+    spec = args.quality_reference or default_reference_spec(model)
+    print(f"* quality reference {spec}: {args.quality_chunks} chunks", flush=True)
+    try:
+        quality = engine_reference(spec, args.quality_chunks)
+    except UserError as exc:
+        raise SystemExit(f"compare: quality reference: {exc}") from None
+    with quality:
+        yield quality
+
+
+def run_targets(args: argparse.Namespace, model: str, warmup, runs, comparison, quality=None) -> None:
+    """Each target in turn: start, warm up, one run per concurrency, quality, stop; then the offline
+    column."""
     from backend.bench.compare import prompt_salts, run_target
     from backend.bench.compare_offline import run_offline
     from backend.bench.compare_report import format_table
@@ -115,6 +155,8 @@ def run_targets(args: argparse.Namespace, model: str, warmup, runs, comparison) 
                 print(f"* {label}: {run.num_prompts} requests", flush=True)
                 comparison.runs.append(run_target(replace(target, name=label), run))
                 print(format_table([comparison.runs[-1].row]), flush=True)
+            if quality is not None:
+                score_quality(quality, target, comparison)
             local.stop(name)  # the next engine gets the whole machine
             if name == "embedded" and not args.skip_offline:
                 for run in salted:
@@ -122,3 +164,18 @@ def run_targets(args: argparse.Namespace, model: str, warmup, runs, comparison) 
                     offline = run_offline(local.engine_config(run.max_concurrency), run, warm)
                     comparison.offline.append(offline)
                     print(f"  {offline.output_tok_s or 0:,.1f} tok/s ({offline.detail})", flush=True)
+
+
+def score_quality(quality, target, comparison) -> None:
+    """The target's quality figures on its rows, printed as one line."""
+    from backend.bench.compare_quality import attach
+
+    print(f"* {target.name}: quality on {len(quality.chunks.chunks)} chunks", flush=True)
+    scored = quality.score_target(target)
+    attach(comparison.rows(), target.name, scored)
+    r = scored.result
+    if r is None:
+        print(f"  no quality figures: {scored.note}", flush=True)
+    else:
+        kld = "n/a" if r.kld_mean is None else f"{r.kld_mean:.4f} ({r.kld_kind})"
+        print(f"  PPL {r.ppl:.3f}, KLD mean {kld}, same top-1 {100 * r.same_top_p:.1f} %", flush=True)

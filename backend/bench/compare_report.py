@@ -5,9 +5,13 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from backend.bench.compare import CompareRow, Comparison, OfflineRun, TargetRun
 from backend.bench.plots import latency_values_ms
+
+if TYPE_CHECKING:
+    from backend.quality.statistics import QualityResult
 
 GIB = 1024**3
 # (header, row -> text)
@@ -28,7 +32,20 @@ COLUMNS = (
         "plan: KV tokens",
         lambda r: "–" if r.planned_kv_cache_tokens is None else f"{r.planned_kv_cache_tokens:,}",
     ),
+    ("PPL", lambda r: "–" if r.quality is None else f"{r.quality.ppl:.3f}"),
+    ("ln(PPL/ref)", lambda r: "–" if r.quality is None else f"{r.quality.ln_ppl_ratio:+.4f}"),
+    ("KLD mean / p99", lambda r: _kld(r.quality)),
+    ("same top-1", lambda r: "–" if r.quality is None else f"{100 * r.quality.same_top_p:.1f} %"),
 )
+
+
+def _kld(result: QualityResult | None) -> str:
+    """Mean and 99th-percentile KL; '≥' marks a lower bound (a server's top 20), 'n/a' none (a server
+    reference)."""
+    if result is None or result.kld_mean is None or result.kld_p99 is None:
+        return "–" if result is None else "n/a"
+    bound = "≥ " if result.kld_kind == "lower bound" else ""
+    return f"{bound}{result.kld_mean:.4f} / {bound}{result.kld_p99:.4f}"
 
 
 def _count(n: int | None, missing: str = "–") -> str:
@@ -123,12 +140,26 @@ def fairness_line(comparison: Comparison) -> str:
     )
 
 
+def quality_lines(comparison: Comparison) -> list[str]:
+    """What the quality columns measured, against which reference, and the targets without figures."""
+    ref = comparison.quality_reference
+    if ref is None:
+        return []
+    lines = [
+        f"quality: {ref.num_tokens:,} tokens of the shipped quality text (backend/quality/data) scored "
+        f"against {ref.model}, PPL {ref.ppl:.3f}; a server's KL, from its top-20 prompt logprobs, is a "
+        "lower bound (≥)"
+    ]
+    notes = {r.target.split(" c=")[0]: r.quality_note for r in comparison.rows() if r.quality_note}
+    return lines + [f"quality of {target}: none ({note})" for target, note in notes.items()]
+
+
 def note_lines(comparison: Comparison) -> list[str]:
-    """How each target ran (vLLM's mode and threads), how the prompts were kept apart and how the offline
-    column was taken."""
+    """How each target ran (vLLM's mode and threads), how the prompts were kept apart, how the offline
+    column and the quality columns were taken."""
     notes = dict.fromkeys(f"{r.target.split(' c=')[0]}: {r.detail}" for r in comparison.rows() if r.detail)
     offline = [f"offline c={r.max_concurrency}: {r.detail}" for r in comparison.offline]
-    return [*notes, *filter(None, [fairness_line(comparison)]), *offline]
+    return [*notes, *filter(None, [fairness_line(comparison)]), *offline, *quality_lines(comparison)]
 
 
 def table_html(rows: list[CompareRow]) -> str:

@@ -4,6 +4,7 @@
     python -m backend.bench.kernel_bench --rows 64 1 --context 160 --threads 2 --repeat 200
     python -m backend.bench.kernel_bench --only gemm --rows 1 4 16 32 64 128 --threads 1   # GEMMs alone
     python -m backend.bench.kernel_bench --only prefill --rows 2048 --chunk 256 --threads 2   # attention
+    python -m backend.bench.kernel_bench --only paged_decode --rows 16 --context 4096 --window 512   # windows
 
 Random tensors, no model loaded: each line is the median time of one call (microseconds) over --repeat
 calls after a few warm-up ones, so a kernel's change shows without the noise of a whole decode step.
@@ -12,6 +13,8 @@ gemm_bf16 at each projection's shape; their weights rotate through copies of abo
 cache here), so they come from DRAM as in a decode step. The prefill lines (--only prefill) put the
 native prefill attention of one layer beside what the PyTorch path runs (SDPA per chunk; with a cached
 prefix, the blocks gathered and a mask), for rows tokens in chunks of --chunk (x30 layers: a step's).
+--window W adds each attention kernel's call with a sliding window of W keys beside the full one, and the
+ratio of their times (the windowed layers of Gemma, gpt-oss or Mistral: their cost should follow W).
 """
 
 from __future__ import annotations
@@ -89,6 +92,17 @@ def cases(args: argparse.Namespace, rows: int) -> dict[str, Callable[[], object]
         f"paged_decode_attention ctx {context} fp8": lambda: cpu_kernels.paged_decode_attention(
             q, *fp8, tables, lens, scale, out, (0.5, 2.0)
         ),
+        **(
+            {
+                f"paged_decode_attention ctx {context} window {args.window}": functools.partial(
+                    cpu_kernels.paged_decode_attention,
+                    *(q, k_cache, v_cache, tables, lens, scale, out),
+                    sliding_window=args.window,
+                )
+            }
+            if args.window
+            else {}
+        ),
         "logits bf16 -> fp32": lambda: logits.float(),
         "logits .float().argmax(-1)": lambda: logits.float().argmax(-1),
         "logits argmax (bf16)": lambda: logits.argmax(-1),
@@ -163,6 +177,12 @@ def prefill_cases(args: argparse.Namespace, rows: int) -> dict[str, Callable[[],
         out[f"prefill attention {label} native"] = functools.partial(
             cpu_kernels.paged_prefill_attention, q, k_cache, v_cache, kernel, scale, torch.empty_like(q)
         )
+        if args.window:
+            out[f"prefill attention {label} native window {args.window}"] = functools.partial(
+                cpu_kernels.paged_prefill_attention,
+                *(q, k_cache, v_cache, kernel, scale, torch.empty_like(q)),
+                sliding_window=args.window,
+            )
         out[f"prefill attention {label} torch"] = functools.partial(
             paged_attention, q, k, v, k_cache, v_cache, meta, scale
         )
@@ -237,11 +257,18 @@ def main(args: argparse.Namespace) -> int:
         chosen |= (gemm_cases(args, rows) if "gemm" in only else {}) | (
             prefill_cases(args, rows) if "prefill" in only else {}
         )
+        timed: dict[str, float] = {}
         for name, fn in chosen.items():
             if args.only and not any(word in name for word in args.only):
                 continue
             wall, cpu = median_us(fn, args.repeat)
+            timed[name] = wall
             print(f"  {name:<42} {wall:9.1f} {cpu:9.1f}", flush=True)
+        suffix = f" window {args.window}"
+        for name, wall in timed.items():
+            if name.endswith(suffix) and name.removesuffix(suffix) in timed:
+                full = timed[name.removesuffix(suffix)]
+                print(f"  {name}: {wall / full:.3f}x the full context's time", flush=True)
     return 0
 
 
@@ -254,6 +281,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--only", nargs="*", help="only the cases whose name holds one of these words")
     parser.add_argument("--chunk", type=int, default=256, help="tokens per prefill chunk (--only prefill)")
+    parser.add_argument("--window", type=int, default=0, help="also time attention with this sliding window")
     parser.add_argument("--hidden", type=int, default=576)
     parser.add_argument("--intermediate", type=int, default=1536)
     parser.add_argument("--heads", type=int, default=9)

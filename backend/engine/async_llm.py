@@ -130,8 +130,11 @@ class AsyncLLM:
 
     async def run_in_tokenizer(self, function: Callable[..., Any], *args: Any) -> Any:
         """Run a tokenizer call (encode, chat template) off the event loop, on the tokenizer thread;
-        EngineOverloadedError when TOKENIZER_MAX_WAITING calls already wait for it."""
+        EngineOverloadedError when TOKENIZER_MAX_WAITING calls already wait for it; EngineDeadError once
+        the engine is shut down (a request that got the engine just before a relaunch stopped it)."""
         with self._lock:
+            if self._dead is not None:
+                raise self._dead
             if self._tokenizer_jobs > TOKENIZER_MAX_WAITING:
                 raise EngineOverloadedError(
                     f"The server is overloaded: {self._tokenizer_jobs} requests wait for the tokenizer. "
@@ -141,6 +144,9 @@ class AsyncLLM:
         loop = asyncio.get_running_loop()
         try:
             future = self._tokenizer_executor.submit(functools.partial(function, *args))
+        except RuntimeError:  # "cannot schedule new futures after shutdown": shut down since the check
+            self._tokenizer_done(None)
+            raise EngineDeadError("the engine was shut down") from None
         except BaseException:
             self._tokenizer_done(None)
             raise
@@ -162,30 +168,54 @@ class AsyncLLM:
         """Admit one tokenized request now, or raise: ValueError (bad input), EngineOverloadedError (more
         than max_waiting_requests, or the caller's stricter limit, already wait), EngineDeadError.
         Read its outputs with outputs(request_id, collector)."""
-        _, ids = self.engine.process_inputs(prompt_token_ids, params)
-        if params.structured_outputs is not None and params.structured_outputs.compiled is None:
-            raise ValueError(  # the engine thread must never compile: a caller's bug, said plainly
-                "structured outputs must be compiled before add_request: await compile_structured_output()"
-            )
+        (collector,) = self.add_requests(
+            [(request_id, prompt_token_ids, params, prompt)], max_waiting_requests
+        )
+        return collector
+
+    def add_requests(
+        self, requests: list[tuple[str, list[int], SamplingParams, str | None]], max_waiting_requests=None
+    ) -> list[RequestOutputCollector]:
+        """Admit a batch of (request_id, prompt_token_ids, params, prompt) all at once or none of them
+        (the errors of add_request): the whole batch must fit the waiting-queue limit, and every
+        request's grammar must be compiled already."""
+        ids = [self.engine.process_inputs(token_ids, params)[1] for _, token_ids, params, _ in requests]
+        for _, _, params, _ in requests:
+            if params.structured_outputs is not None and params.structured_outputs.compiled is None:
+                raise ValueError(  # the engine thread must never compile: a caller's bug, said plainly
+                    "structured outputs must be compiled before add_request: "
+                    "await compile_structured_output()"
+                )
         limit = self.max_waiting_requests
         if max_waiting_requests is not None:
             limit = min(limit, max_waiting_requests)
+        if len(requests) > max(1, limit):  # it could never be admitted (a single request: a 503)
+            raise ValueError(
+                f"a batch of {len(requests)} prompts exceeds the waiting-queue limit of {limit}: "
+                f"send at most {limit} prompts per request"
+            )
+        loop = asyncio.get_running_loop()
         with self._lock:
             if self._dead is not None:
                 raise self._dead
-            if request_id in self._collectors:
-                raise ValueError(f"request_id {request_id!r} is already in use")
+            seen: set[str] = set()
+            for request_id, *_ in requests:
+                if request_id in self._collectors or request_id in seen:
+                    raise ValueError(f"request_id {request_id!r} is already in use")
+                seen.add(request_id)
             waiting = self._num_pending + len(self.engine.scheduler.waiting)
-            if waiting >= limit:
+            if waiting + len(requests) > limit:
                 raise EngineOverloadedError(
                     f"The server is overloaded: {waiting} requests are waiting (the limit is {limit}). "
                     "Retry later."
                 )
-            collector = RequestOutputCollector(asyncio.get_running_loop())
-            self._collectors[request_id] = collector
-            self._num_pending += 1
-        self._send(("add", request_id, prompt, ids, params))
-        return collector
+            collectors = [RequestOutputCollector(loop) for _ in requests]
+            for (request_id, *_), collector in zip(requests, collectors, strict=True):
+                self._collectors[request_id] = collector
+            self._num_pending += len(requests)
+        for (request_id, _, params, prompt), token_ids in zip(requests, ids, strict=True):
+            self._send(("add", request_id, prompt, token_ids, params))
+        return collectors
 
     async def outputs(
         self, request_id: str, collector: RequestOutputCollector
@@ -211,6 +241,8 @@ class AsyncLLM:
         structured = params.structured_outputs
         if structured is None or structured.compiled is not None:
             return
+        if self._dead is not None:  # the grammar pool is shut down with the engine
+            raise self._dead
         try:
             structured.compiled = await self.grammar_pool.run(
                 self.engine.structured_output.compile, structured

@@ -1,82 +1,32 @@
-"""Paged attention in pure PyTorch: write the step's K/V into the block pool, read it back per block table.
+"""Paged attention: write the step's K/V into the block pool, read it back per block table.
 
-The pool of one layer is [num_kv_heads, num_blocks, block_size, head_dim], so gathering a block table
-gives each KV head's keys as one contiguous [tokens, head_dim] matrix. Decodes (one query token each) are
-batched into one fp32 scaled_dot_product_attention over their gathered, padded KV, with the query heads
-of a GQA group as the query rows of their KV head (no KV repeat); each prefill chunk attends to its cached
-prefix plus itself with a causal mask. Masks and gather buffers are built once per step, for all layers.
-On the CPU, decodes go instead to a native kernel (cpu_kernels.py) that reads the pool in place through
-the block tables: no gather, no padding to the longest context, no fp32 copy (several times faster); and
-all prefill chunks of the step go to another in one call (varlen, causal, cached prefixes read in place).
+The pool of one layer is [num_kv_heads, num_blocks, block_size, head_dim]. On the CPU, decodes go to a
+native kernel (cpu_kernels.py) that reads the pool in place through the block tables: no gather, no
+padding to the longest context, no fp32 copy; all prefill chunks of the step go to another in one call
+(varlen, causal, cached prefixes read in place). Elsewhere (CUDA, or no compiler) the PyTorch paths of
+attention_torch.py gather the blocks and run scaled_dot_product_attention per step and chunk.
 An fp8 pool (kv_cache_dtype="fp8") stores k / k_scale and v / v_scale, clamped to the type's range and
 rounded to nearest even, and every reader multiplies the scale back (vLLM's per-layer k_scale / v_scale,
-1.0 unless a checkpoint gives them); the PyTorch paths upcast what they gather, the kernel reads fp8.
+1.0 unless a checkpoint gives them); the PyTorch paths upcast what they gather, the kernels read fp8.
+
+A layer may add a sliding window, a logit soft-cap and attention sinks, with transformers' semantics
+(csrc/attention_features.h). The kernels never read keys before a window, so a windowed layer's cost
+follows its window and a sequence's blocks there may have been freed (NULL_BLOCK in its table); the
+PyTorch paths gather those as block 0 and mask them. rope_and_cache rotates the first rotary_dim elements
+of each head (Phi-3's partial rotary; 0 for a NoPE layer) with the tables the layer passes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-import torch.nn.functional as F
 
 from backend.engine import cpu_kernels
-from backend.engine.cpu_kernels import PrefillKernelInputs
-
-
-@dataclass(slots=True)
-class PrefillChunk:
-    start: int  # first row of this chunk in the step's packed tokens
-    end: int
-    num_cached: int  # tokens already in the cache before this chunk
-    block_rows: torch.Tensor | None  # pool_rows of the blocks covering num_cached + (end - start)
-    mask: torch.Tensor | None  # [n, num_cached + n], True = attend; None when num_cached == 0
-
-
-@dataclass(slots=True)
-class AttentionMetadata:
-    slot_mapping: torch.Tensor  # [num_tokens] flat slot in the pool for each token's K/V
-    positions: torch.Tensor  # [num_tokens] int64 position of each token in its sequence
-    num_decodes: int  # the first num_decodes tokens are decode rows (a sequence's token, then its drafts)
-    decode_rows: torch.Tensor | None  # pool_rows of the block tables, each padded to max_blocks with block 0
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size], True = attend
-    decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] for the CPU kernel, else None
-    decode_context_lens: torch.Tensor | None  # [num_decodes]
-    prefills: list[PrefillChunk]
-    prefill_kernel: PrefillKernelInputs | None  # the chunks for the CPU kernel (then prefills is empty)
-    gather_buffers: tuple[torch.Tensor, torch.Tensor] | None  # flat scratch for gathered K and V
-
-
-def pool_rows(block_ids: list[int], num_kv_heads: int, num_blocks: int, device: torch.device) -> torch.Tensor:
-    """Rows of the pool viewed as [KVH * num_blocks, block_size * D] holding block_ids, head by head."""
-    ids = torch.tensor(block_ids, device=device)
-    return (torch.arange(num_kv_heads, device=device)[:, None] * num_blocks + ids[None, :]).flatten()
-
-
-def gather_blocks(cache: torch.Tensor, rows: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
-    """cache [KVH, num_blocks, block_size, D] -> [KVH, blocks * block_size, D] (rows from pool_rows)."""
-    kv_heads, num_blocks, block_size, head_dim = cache.shape
-    out = buffer[: rows.numel() * block_size * head_dim].view(rows.numel(), block_size * head_dim)
-    torch.index_select(cache.view(kv_heads * num_blocks, -1), 0, rows, out=out)
-    return out.view(kv_heads, -1, head_dim)
-
-
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-
-
-def to_cache(x: torch.Tensor, cache: torch.Tensor, scale: float) -> torch.Tensor:
-    """x as the pool stores it: itself, or x / scale in fp8 (as bytes: index_copy_ has no fp8 kernel)."""
-    if cache.dtype not in FP8_DTYPES:
-        return x
-    limit = torch.finfo(cache.dtype).max
-    return (x.float() / scale).clamp(-limit, limit).to(cache.dtype).view(torch.uint8)
-
-
-def from_cache(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """Values read from the pool in dtype (an fp8 pool's upcast and scaled)."""
-    if x.dtype not in FP8_DTYPES:
-        return x.to(dtype)
-    return (x.float() * scale).to(dtype)
+from backend.engine.attention_metadata import AttentionMetadata as AttentionMetadata  # re-exported
+from backend.engine.attention_metadata import PrefillChunk as PrefillChunk
+from backend.engine.attention_torch import AttentionParams, decode_gathered, prefill_chunk, to_cache
+from backend.engine.attention_torch import from_cache as from_cache  # re-exported: runner, tests, bench
+from backend.engine.attention_torch import gather_blocks as gather_blocks
+from backend.engine.attention_torch import pool_rows as pool_rows
 
 
 def write_kv_cache(
@@ -94,6 +44,33 @@ def write_kv_cache(
         pool.index_copy_(1, slots, stored.transpose(0, 1))
 
 
+def rope_and_cache(
+    qkv: torch.Tensor,  # [T, (H + 2 * KVH) * D]: q and k rotated in place
+    positions: torch.Tensor,  # [T] int64
+    cos: torch.Tensor | None,  # [max_positions, rotary_dim] (None with rotary_dim 0)
+    sin: torch.Tensor | None,
+    slot_mapping: torch.Tensor,  # [T] int64
+    k_cache: torch.Tensor,  # [KVH, num_blocks, block_size, D]: k and v written at slot_mapping
+    v_cache: torch.Tensor,
+    num_heads: int,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
+    rotary_dim: int | None = None,  # the first rotary_dim of each head rotate (None: all; 0: none, NoPE)
+) -> None:
+    """cpu_kernels.rope_and_cache in PyTorch, the same arithmetic: transformers' q * cos + rotate_half(q) *
+    sin on the first rotary_dim elements of each q and k head (Phi-3's partial rotary), the rest passed."""
+    kv_heads, head_dim = k_cache.shape[0], k_cache.shape[3]
+    heads = qkv.view(qkv.shape[0], -1, head_dim)
+    width = cpu_kernels.rotary_width(rotary_dim, head_dim, cos)
+    if width:
+        assert sin is not None and cos is not None
+        x = heads[:, : num_heads + kv_heads, :width]
+        half = width // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        x.copy_(x * cos[positions, None] + rotated * sin[positions, None])
+    k, v = heads[:, num_heads : num_heads + kv_heads], heads[:, num_heads + kv_heads :]
+    write_kv_cache(k, v, k_cache, v_cache, slot_mapping, kv_scales)
+
+
 def paged_attention(
     q: torch.Tensor,  # [T, H, D]
     k: torch.Tensor,  # [T, KVH, D], already in the cache
@@ -103,50 +80,51 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     kv_scales: tuple[float, float] = (1.0, 1.0),  # an fp8 pool's (k_scale, v_scale)
+    *,
+    sliding_window: int | None = None,  # a query at p sees keys p - W + 1 .. p (None: all up to p)
+    soft_cap: float | None = None,  # Gemma 2: scaled scores -> cap * tanh(scores / cap)
+    sinks: torch.Tensor | None = None,  # [H] gpt-oss: per-head logits in the softmax's denominator only
 ) -> torch.Tensor:
-    num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], k.shape[2]
+    """Each token's attention over its sequence's keys in the pool: transformers' eager attention with the
+    layer's window, soft-cap and sinks. Keep sinks as a [H] fp32 tensor (another dtype is converted per
+    call)."""
+    check_features(sliding_window, soft_cap, sinks, q.shape[1])
+    if sinks is not None and (sinks.dtype != torch.float32 or not sinks.is_contiguous()):
+        sinks = sinks.float().contiguous()
     out = q.new_empty(q.shape)  # contiguous, also when q is a view into a fused q/k tensor
     b = meta.num_decodes
     if b and meta.decode_block_tables is not None:
         tables, lens = meta.decode_block_tables, meta.decode_context_lens
         assert lens is not None, "the runner sets block tables and context lengths together"
-        cpu_kernels.paged_decode_attention(q[:b], k_cache, v_cache, tables, lens, scale, out, kv_scales)
-    elif b:
-        assert meta.gather_buffers is not None and meta.decode_rows is not None, "set by prepare_decode"
-        k_buffer, v_buffer = meta.gather_buffers
-        shape = (num_kv_heads, b, -1, head_dim)
-        keys = gather_blocks(k_cache, meta.decode_rows, k_buffer).view(shape).transpose(0, 1)
-        values = gather_blocks(v_cache, meta.decode_rows, v_buffer).view(shape).transpose(0, 1)
-        # in fp32: far closer to an fp32 reference than bf16 flash attention, for a small extra cost
-        query = q[:b].view(b, num_kv_heads, num_heads // num_kv_heads, head_dim).float()
-        keys, values = (
-            from_cache(keys, kv_scales[0], torch.float32),
-            from_cache(values, kv_scales[1], torch.float32),
-        )
-        o = F.scaled_dot_product_attention(query, keys, values, attn_mask=meta.decode_mask, scale=scale)
-        out[:b] = o.reshape(b, num_heads, head_dim)
+        cpu_kernels.paged_decode_attention(
+            q[:b], k_cache, v_cache, tables, lens, scale, out, kv_scales,
+            sliding_window=sliding_window, soft_cap=soft_cap, sinks=sinks,
+        )  # fmt: skip
     if meta.prefill_kernel is not None:
-        cpu_kernels.paged_prefill_attention(q, k_cache, v_cache, meta.prefill_kernel, scale, out, kv_scales)
-    for chunk in meta.prefills:
-        query = q[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-        if chunk.mask is None:  # the whole context is in this chunk: plain causal attention
-            keys = k[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
-            values = v[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
-        else:
-            assert meta.gather_buffers is not None and chunk.block_rows is not None, "set by prepare_prefill"
-            k_buffer, v_buffer = meta.gather_buffers
-            total = chunk.mask.shape[1]
-            keys = gather_blocks(k_cache, chunk.block_rows, k_buffer)[:, :total].unsqueeze(0)
-            values = gather_blocks(v_cache, chunk.block_rows, v_buffer)[:, :total].unsqueeze(0)
-            keys, values = from_cache(keys, kv_scales[0], q.dtype), from_cache(values, kv_scales[1], q.dtype)
-        o = F.scaled_dot_product_attention(
-            query,
-            keys,
-            values,
-            attn_mask=chunk.mask,
-            is_causal=chunk.mask is None,
-            scale=scale,
-            enable_gqa=True,
-        )
-        out[chunk.start : chunk.end] = o[0].transpose(0, 1)
+        cpu_kernels.paged_prefill_attention(
+            q, k_cache, v_cache, meta.prefill_kernel, scale, out, kv_scales,
+            sliding_window=sliding_window, soft_cap=soft_cap, sinks=sinks,
+        )  # fmt: skip
+    if (b and meta.decode_block_tables is None) or meta.prefills:
+        params = AttentionParams(scale, kv_scales, sliding_window, soft_cap, sinks)
+        if b and meta.decode_block_tables is None:
+            decode_gathered(q[:b], (k_cache, v_cache), meta, params, out[:b])
+        for index in range(len(meta.prefills)):
+            prefill_chunk((q, k, v), (k_cache, v_cache), meta, index, params, out)
     return out
+
+
+def check_features(
+    sliding_window: int | None, soft_cap: float | None, sinks: torch.Tensor | None, num_heads: int
+) -> None:
+    """A layer's window, cap and sinks as its model's config gives them (ValueError: what is allowed)."""
+    if sliding_window is not None and (not isinstance(sliding_window, int) or sliding_window < 1):
+        raise ValueError(
+            f"sliding_window must be a whole number of tokens >= 1 (or None), got {sliding_window!r}"
+        )
+    if soft_cap is not None and not soft_cap > 0:
+        raise ValueError(f"soft_cap must be > 0 (or None for no capping), got {soft_cap!r}")
+    if sinks is not None and tuple(sinks.shape) != (num_heads,):
+        raise ValueError(
+            f"sinks must hold one logit per query head ({num_heads}), got shape {tuple(sinks.shape)}"
+        )

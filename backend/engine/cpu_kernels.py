@@ -1,4 +1,5 @@
-"""The engine's native CPU kernels (csrc/): paged decode and prefill attention, RMSNorm, SiLU-and-multiply
+"""The engine's native CPU kernels (csrc/): paged decode and prefill attention (sliding windows, soft-caps and
+sinks: csrc/attention_features.h), RoPE with the KV-cache write, RMSNorm, SiLU- and GELU(tanh)-and-multiply
 and a bf16 matrix-vector product for small batches.
 
 They are compiled on first use with the system C++ compiler (a few seconds: no torch headers) into a cache
@@ -35,19 +36,20 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("paged_attention.cpp", "layers.cpp", "quantized.cpp", "packed_rows.cpp")]
 SOURCES += [CSRC / "gemm_bf16.cpp", CSRC / "prefill_attention.cpp", CSRC / "interleaved.cpp"]
-SOURCES += [CSRC / "step_graph.cpp"]
+SOURCES += [CSRC / "step_graph.cpp", CSRC / "moe.cpp"]
 FLAGS = ["-O3", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 BUILD_TIMEOUT_S = 300  # per compile step; a hung compiler must not hang the engine's start
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 CACHE_SUFFIX = {torch.float8_e4m3fn: "_fp8_e4m3", torch.float8_e5m2: "_fp8_e5m2"}  # an fp8 KV pool's kernels
 PTR, INT, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
-    "paged_decode_attention": [PTR] * 6 + [INT] * 8 + [FLOAT] * 2,
-    "paged_prefill_attention": [PTR] * 7 + [INT] * 8 + [FLOAT] * 2,
-    "rope_and_cache": [PTR] * 7 + [INT] * 5 + [FLOAT] * 3,
+    "paged_decode_attention": [PTR] * 7 + [INT] * 9 + [FLOAT] * 3,
+    "paged_prefill_attention": [PTR] * 8 + [INT] * 9 + [FLOAT] * 3,
+    "rope_and_cache": [PTR] * 7 + [INT] * 6 + [FLOAT] * 3,
     "rms_norm": [PTR, PTR, PTR, INT, INT, FLOAT],
     "add_rms_norm": [PTR] * 5 + [INT, INT, FLOAT],
     "silu_and_mul": [PTR, PTR, INT, INT],
+    "gelu_tanh_and_mul": [PTR, PTR, INT, INT],
     "argmax": [PTR, PTR, INT, INT],
 }
 QUANT_TYPES = ("q4_0", "q4_1", "q8_0", "q4_k", "q6_k")  # csrc/quantized.cpp
@@ -55,7 +57,7 @@ QUANT_SIGNATURES = {"quant_gemv": [PTR] * 4 + [INT] * 4, "quant_dequant": [PTR, 
 QUANT_GEMV_MAX_ROWS = 8  # csrc/quantized.cpp MAX_ROWS (and csrc/packed_rows.cpp's)
 QUANT_GEMM_TYPES = ("q4_0", "q4_1", "q8_0")  # quant_gemm: bf16 activations, builds with AVX512_BF16
 # csrc/interleaved.cpp (bf16 activations, AVX512_BF16 builds): GGUF types, then packed kinds (group_scales)
-INTERLEAVED_TYPES = ("q4_0", "q4_1", "q8_0", "w4", "w4_zp", "w8", "w8_zp", "fp8")
+INTERLEAVED_TYPES = ("q4_0", "q4_1", "q8_0", "w4", "w4_zp", "w8", "w8_zp", "fp8", "mxfp4")
 INTERLEAVED_SIGNATURE = [PTR] * 4 + [INT] * 4 + [PTR, INT]  # x, w, bias, y, rows, n, k, ldy, groups, fp32 y
 PACKED_KINDS = ("w4", "w8", "fp8")  # csrc/packed_rows.cpp: GPTQ / AWQ / compressed-tensors ints, fp8
 PACKED_SIGNATURES = {
@@ -183,7 +185,7 @@ def _open(path: Path) -> ctypes.CDLL:
         library.linear_bf16_small.argtypes = [PTR] * 4 + [INT] * 3
         library.linear_bf16_small.restype = None
         for name, argtypes in QUANT_SIGNATURES.items():
-            for qtype in QUANT_TYPES:
+            for qtype in (*QUANT_TYPES, "mxfp4"):  # MXFP4: MoE experts (layers/fused_moe) only
                 for suffix in SUFFIX.values():
                     getattr(library, f"{name}_{qtype}_{suffix}").argtypes = argtypes
                     getattr(library, f"{name}_{qtype}_{suffix}").restype = None
@@ -262,6 +264,14 @@ def prefill_attention_enabled(device: torch.device, dtype: torch.dtype) -> bool:
     return os.environ.get("PLAYGROUND_PREFILL_ATTENTION", "1") != "0" and supports(device, dtype)
 
 
+def sinks_pointer(sinks: torch.Tensor | None, num_heads: int) -> int | None:
+    """The kernels' sinks argument: [num_heads] fp32 contiguous (None: no sinks)."""
+    if sinks is None:
+        return None
+    assert sinks.dtype == torch.float32 and sinks.is_contiguous() and sinks.shape == (num_heads,)
+    return sinks.data_ptr()
+
+
 def paged_decode_attention(
     q: torch.Tensor,  # [T, H, D], heads contiguous (any token stride)
     k_cache: torch.Tensor,  # [KVH, num_blocks, block_size, D]
@@ -271,7 +281,13 @@ def paged_decode_attention(
     scale: float,
     out: torch.Tensor,  # [T, H, D], contiguous, written
     kv_scales: tuple[float, float] = (1.0, 1.0),  # an fp8 pool's (k_scale, v_scale)
+    *,
+    sliding_window: int | None = None,  # keys len - W .. len - 1 only (the rest of a table is never read)
+    soft_cap: float | None = None,  # scores -> cap * tanh(scores / cap)
+    sinks: torch.Tensor | None = None,  # [H] fp32: one more logit per head in the softmax's denominator
 ) -> None:
+    """Each query token (at position len - 1) against its sequence's keys, read in place from the pool
+    (csrc/paged_attention.cpp; window, soft-cap and sinks as transformers computes them)."""
     kv_heads, num_blocks, block_size, head_dim = k_cache.shape
     assert q.stride(2) == 1 and q.stride(1) == head_dim and out.is_contiguous()
     name = kernel_name("paged_decode_attention", q.dtype, k_cache.dtype)
@@ -283,6 +299,7 @@ def paged_decode_attention(
         block_tables.data_ptr(),
         context_lens.data_ptr(),
         out.data_ptr(),
+        sinks_pointer(sinks, q.shape[1]),
         q.shape[0],
         q.shape[1],
         kv_heads,
@@ -291,8 +308,10 @@ def paged_decode_attention(
         block_size,
         block_tables.shape[1],
         q.stride(0),
+        sliding_window or 0,
         scale * kv_scales[0],
         kv_scales[1],
+        soft_cap or 0.0,
     )
 
 
@@ -313,8 +332,13 @@ def paged_prefill_attention(
     scale: float,
     out: torch.Tensor,  # [T, H, D], contiguous: the chunks' rows written
     kv_scales: tuple[float, float] = (1.0, 1.0),  # an fp8 pool's (k_scale, v_scale)
+    *,
+    sliding_window: int | None = None,  # a query at p sees keys p - W + 1 .. p (earlier ones never read)
+    soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,  # [H] fp32
 ) -> None:
-    """Causal attention of every prefill chunk of a step in one call (csrc/prefill_attention.cpp)."""
+    """Causal attention of every prefill chunk of a step in one call (csrc/prefill_attention.cpp; window,
+    soft-cap and sinks as paged_decode_attention's)."""
     kv_heads, num_blocks, block_size, head_dim = k_cache.shape
     assert q.stride(2) == 1 and q.stride(1) == head_dim and out.is_contiguous()
     name = kernel_name("paged_prefill_attention", q.dtype, k_cache.dtype)
@@ -326,6 +350,7 @@ def paged_prefill_attention(
         meta.query_start_loc.data_ptr(),
         meta.seq_lens.data_ptr(),
         out.data_ptr(),
+        sinks_pointer(sinks, q.shape[1]),
         meta.seq_lens.shape[0],
         q.shape[1],
         kv_heads,
@@ -334,8 +359,10 @@ def paged_prefill_attention(
         block_size,
         meta.block_tables.shape[1],
         q.stride(0),
+        sliding_window or 0,
         scale * kv_scales[0],
         kv_scales[1],
+        soft_cap or 0.0,
     )
 
 
@@ -375,24 +402,37 @@ def run_step_graph(ops: ctypes.Array, rows: int) -> None:
     library.run_step_graph(ctypes.addressof(ops), len(ops), rows)
 
 
+def rotary_width(rotary_dim: int | None, head_dim: int, cos: torch.Tensor | None) -> int:
+    """The rotated elements of each head: rotary_dim (None: head_dim), checked against head_dim and the
+    tables' width [max_positions, rotary_dim] (no tables: rotary_dim 0)."""
+    width = head_dim if rotary_dim is None else rotary_dim
+    assert 0 <= width <= head_dim and width % 2 == 0, f"rotary_dim {width} for heads of {head_dim}"
+    assert width == 0 or (cos is not None and cos.shape[-1] == width and cos.is_contiguous())
+    return width
+
+
 def rope_and_cache(
     qkv: torch.Tensor,  # [T, (H + 2 * KVH) * D], contiguous: q and k rotated in place
     positions: torch.Tensor,  # [T] int64
-    cos: torch.Tensor,  # [max_positions, D]
-    sin: torch.Tensor,
+    cos: torch.Tensor | None,  # [max_positions, rotary_dim] (None with rotary_dim 0)
+    sin: torch.Tensor | None,
     slot_mapping: torch.Tensor,  # [T] int64
     k_cache: torch.Tensor,  # [KVH, num_blocks, block_size, D]: k and v written at slot_mapping
     v_cache: torch.Tensor,
     num_heads: int,
     kv_scales: tuple[float, float] = (1.0, 1.0),  # an fp8 pool's (k_scale, v_scale)
+    rotary_dim: int | None = None,  # the first rotary_dim of each head rotate (None: all; 0: none, NoPE)
 ) -> None:
+    """RoPE (rotate-half within the first rotary_dim elements of each q and k head, as transformers' Phi-3
+    and Llama) and the cache write of k and v, in one call (csrc/layers.cpp); the tables are the layer's."""
     kv_heads, num_blocks, block_size, head_dim = k_cache.shape
     assert qkv.is_contiguous() and qkv.shape[1] == (num_heads + 2 * kv_heads) * head_dim
+    width = rotary_width(rotary_dim, head_dim, cos)
     getattr(load_library(), kernel_name("rope_and_cache", qkv.dtype, k_cache.dtype))(
         qkv.data_ptr(),
         positions.data_ptr(),
-        cos.data_ptr(),
-        sin.data_ptr(),
+        None if cos is None else cos.data_ptr(),
+        None if sin is None else sin.data_ptr(),
         slot_mapping.data_ptr(),
         k_cache.data_ptr(),
         v_cache.data_ptr(),
@@ -401,6 +441,7 @@ def rope_and_cache(
         kv_heads,
         head_dim,
         num_blocks * block_size,
+        width,
         *kv_scales,
         cache_limit(k_cache.dtype),
     )
@@ -438,6 +479,17 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     rows, dim = gate_up.shape[0], gate_up.shape[1] // 2
     out = gate_up.new_empty(rows, dim)
     getattr(load_library(), f"silu_and_mul_{SUFFIX[gate_up.dtype]}")(
+        gate_up.data_ptr(), out.data_ptr(), rows, dim
+    )
+    return out
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gelu(gate, approximate="tanh") * up for gate_up [rows, 2 * dim] (contiguous) in one call (Gemma's
+    gelu_pytorch_tanh MLP)."""
+    rows, dim = gate_up.shape[0], gate_up.shape[1] // 2
+    out = gate_up.new_empty(rows, dim)
+    getattr(load_library(), f"gelu_tanh_and_mul_{SUFFIX[gate_up.dtype]}")(
         gate_up.data_ptr(), out.data_ptr(), rows, dim
     )
     return out

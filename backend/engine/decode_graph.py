@@ -30,6 +30,7 @@ from backend.engine import cpu_kernels
 from backend.engine.decode_graph_memory import STEP_INTS, activation_widths
 from backend.engine.decode_graph_support import decoder_layers, graph_shape, projections
 from backend.engine.graph_ops import (
+    ACTIVATION_OPS,
     Op,
     add_rms_norm_op,
     decode_attention_op,
@@ -38,10 +39,11 @@ from backend.engine.graph_ops import (
     rms_norm_op,
     rope_and_cache_op,
     row_limit,
-    silu_and_mul_op,
 )
 from backend.engine.layers.attention import Attention
 from backend.engine.layers.decoder import DecoderLayer
+from backend.engine.layers.fused_moe import FusedMoE
+from backend.engine.layers.fused_moe.graph import moe_buffers, moe_ops
 from backend.engine.layers.mlp import GatedMLP
 from backend.engine.layers.norm import RMSNorm
 from backend.engine.models.base import CausalLM
@@ -85,6 +87,8 @@ class DecodeGraph:
         # fp32 logits, as the eager step's .float() gives them: gemm_bf16 and interleaved lm_heads write them
         # (float_out), a row-layout one writes bf16 that the next call widens in place (graph_ops)
         self.logits = buffer(model.args.vocab_size, torch.float32)
+        blocks = [m for m in model.modules() if isinstance(m, FusedMoE)]  # one set of buffers serves all
+        self.moe_buffers = moe_buffers(blocks, size, dtype, device) if blocks else None
         ops = self.capture(kv_caches)
         self.ops = (Op * len(ops))(*ops)
 
@@ -119,14 +123,22 @@ class DecodeGraph:
 
     def attention_ops(self, layer: DecoderLayer, kv_cache: tuple[torch.Tensor, torch.Tensor]) -> list[Op]:
         attention: Attention = layer.self_attn
+        spec = attention.spec
         positions, slots, context_lens = self.step_ints[1], self.step_ints[2], self.step_ints[3]
-        assert attention.spec.rope is not None
-        table = self.model.rope_tables[attention.spec.rope]
-        rope = (table.cos, table.sin)
+        table = None if spec.rope is None else self.model.rope_tables[spec.rope]
+        rope = None if table is None else (table.cos, table.sin)
+        assert attention.sinks is None or attention.kernel_sinks is not None, "set by prepare_weights"
         return [
             *linear_ops(attention.qkv_proj, self.normed, self.qkv),
             rope_and_cache_op(
-                self.qkv, positions, slots, rope, kv_cache, attention.num_heads, attention.kv_scales
+                self.qkv,
+                positions,
+                slots,
+                rope,
+                kv_cache,
+                attention.num_heads,
+                attention.kv_scales,
+                spec.rotary_dim,
             ),
             decode_attention_op(
                 self.qkv,
@@ -136,18 +148,24 @@ class DecodeGraph:
                 self.attention_out,
                 attention.scale,
                 attention.kv_scales,
+                sliding_window=spec.sliding_window,
+                soft_cap=spec.logits_soft_cap,
+                sinks=attention.kernel_sinks,  # the module keeps it alive as long as the graph
             ),
             *linear_ops(attention.o_proj, self.attention_out, self.out),
         ]
 
     def mlp_ops(self, layer: DecoderLayer) -> list[Op]:
         mlp = layer.mlp
+        if isinstance(mlp, FusedMoE):  # router, shared expert, then routing, experts and combine in one call
+            assert self.moe_buffers is not None
+            return moe_ops(mlp, self.normed, self.out, self.moe_buffers)
         assert isinstance(mlp, GatedMLP)
         if mlp.fused_silu_and_mul:
             ops = linear_ops(mlp.gate_up_proj, self.normed, self.activation)
         else:
             ops = linear_ops(mlp.gate_up_proj, self.normed, self.gate_up)
-            ops.append(silu_and_mul_op(self.gate_up, self.activation))
+            ops.append(ACTIVATION_OPS[mlp.hidden_act](self.gate_up, self.activation))
         return ops + linear_ops(mlp.down_proj, self.activation, self.out)
 
     def step_rows(self, decodes: list[ScheduledSeq]) -> StepRows | None:
@@ -193,6 +211,8 @@ class DecodeGraph:
         """Bytes of the persistent buffers the captured calls read and write (every tensor this graph
         allocated; vLLM logs its CUDA graphs' memory): stats() and the startup log report it."""
         values = list(vars(self).values())
+        if self.moe_buffers is not None:
+            values += [*self.moe_buffers.activations, self.moe_buffers.workspace]
         tensors = [t for value in values for t in (value if isinstance(value, tuple) else [value])]
         return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
 

@@ -1,6 +1,7 @@
 """What the captured decode step (decode_graph.py) serves: a model whose every layer is a pre-norm
-DecoderLayer with a SiLU GatedMLP, whole-head RoPE on the rope_and_cache kernel, plain causal attention
-and no factor left unfolded, each projection on a kernel the graph calls (graph_ops.unsupported_linear).
+DecoderLayer with a SiLU or GELU(tanh) GatedMLP, RoPE (whole-head, partial or none) on the rope_and_cache
+kernel, attention with any window, soft-cap and sinks (PAGED_ATTENTION_OPTIONS) and no factor left
+unfolded, each projection on a kernel the graph calls (graph_ops.unsupported_linear).
 `unsupported_reason` says why a model is not captured (the engine logs it once); `graph_shape` gives the
 widths that size a graph's buffers (decode_graph_memory). A family whose layers the graph should learn
 adds their ops in decode_graph.py and removes their refusal here.
@@ -12,14 +13,17 @@ import ctypes
 
 from backend.engine import cpu_kernels
 from backend.engine.decode_graph_memory import DecodeGraphShape
-from backend.engine.graph_ops import Op, unsupported_linear
+from backend.engine.graph_ops import ACTIVATION_OPS, Op, unsupported_linear
 from backend.engine.layers.decoder import DecoderLayer
+from backend.engine.layers.fused_moe import FusedMoE
+from backend.engine.layers.fused_moe.graph import unsupported_moe
 from backend.engine.layers.mlp import GatedMLP
 from backend.engine.models.base import CausalLM
 
 
 def decoder_layers(model: CausalLM) -> list[DecoderLayer]:
-    """The model's layers, every one a DecoderLayer with a GatedMLP (unsupported_reason checked that)."""
+    """The model's layers, every one a DecoderLayer with a GatedMLP or a FusedMoE (unsupported_reason
+    checked that)."""
     layers = [layer for layer in model.layers if isinstance(layer, DecoderLayer)]
     assert len(layers) == len(model.layers)
     return layers
@@ -38,26 +42,28 @@ def unsupported_reason(model: CausalLM, uses_decode_kernel: bool) -> str | None:
     if model.lm_head is None:
         return "a tied lm_head that is not prepared"
     dtype = model.norm.weight.dtype
+    blocks = [layer.mlp for layer in layers if isinstance(layer.mlp, FusedMoE)]
+    reason = next(filter(None, (unsupported_moe(block, dtype) for block in blocks)), None)
+    if reason is not None:
+        return reason
     return next((r for r in (unsupported_linear(p, dtype) for p in projections(model)) if r), None)
 
 
 def unsupported_layer(layer: object) -> str | None:
     """Why a layer has no captured calls (None: it has): the captured step is a pre-norm DecoderLayer with
-    a SiLU GatedMLP, whole-head RoPE on the rope_and_cache kernel and plain causal attention."""
+    a GatedMLP whose activation has a kernel, RoPE on the rope_and_cache kernel (whole-head, partial or
+    none) and attention with the options paged_attention takes (windows, soft-caps, sinks)."""
     if not isinstance(layer, DecoderLayer):
         return f"a layer of type {type(layer).__name__} has no captured calls"
-    if not isinstance(layer.mlp, GatedMLP):
+    if not isinstance(layer.mlp, GatedMLP | FusedMoE):
         return f"an MLP of type {type(layer.mlp).__name__} has no captured calls"
     attention, spec = layer.self_attn, layer.self_attn.spec
-    if spec.qk_norm:
-        return "q/k norm (Qwen3) has no captured kernel"
     if not spec.rope_kernel_serves:
-        return "a layer without RoPE or with partial rotary has no captured kernel"
-    if attention.options or attention.sinks is not None:
-        return f"attention options {sorted(attention.options)} have no captured kernel"
-    if layer.mlp.hidden_act != "silu":
+        return "q/k norm (Qwen3, OLMo 2) has no captured kernel"
+    if isinstance(layer.mlp, GatedMLP) and layer.mlp.hidden_act not in ACTIVATION_OPS:
         return f"the {layer.mlp.hidden_act} MLP activation has no captured kernel"
-    if attention.output_scale != 1.0 or layer.mlp.output_scale != 1.0:
+    # a FusedMoE's output_scale is the native call's (csrc/moe.cpp MoeLayer.scale)
+    if attention.output_scale != 1.0 or (isinstance(layer.mlp, GatedMLP) and layer.mlp.output_scale != 1.0):
         return "a residual multiplier on quantized projections has no captured kernel"
     return None
 
@@ -67,8 +73,14 @@ def projections(model: CausalLM) -> list:
     found = []
     for layer in decoder_layers(model):
         found += [layer.self_attn.qkv_proj, layer.self_attn.o_proj]
-        assert isinstance(layer.mlp, GatedMLP)
-        found += [layer.mlp.gate_up_proj, layer.mlp.down_proj]
+        mlp = layer.mlp
+        if isinstance(mlp, FusedMoE):  # the router and the shared expert's (the experts are the MoE call's)
+            shared = [] if mlp.shared_expert is None else [mlp.shared_expert]
+            found += [mlp.gate, *(p for p in [mlp.shared_expert_gate] if p is not None)]
+            found += [p for m in shared for p in (m.gate_up_proj, m.down_proj)]
+            continue
+        assert isinstance(mlp, GatedMLP)
+        found += [mlp.gate_up_proj, mlp.down_proj]
     return [*found, model.lm_head]
 
 

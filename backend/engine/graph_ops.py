@@ -14,12 +14,13 @@ import torch
 
 from backend.engine import cpu_kernels
 from backend.engine.device import cpu_has_fast_bf16
+from backend.engine.layers.fused_moe.native import NativeMoE
 from backend.engine.layers.linear import Linear
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.interleaved import Interleaved
 from backend.engine.quantization.quantized_linear import QuantizedEmbedding, QuantizedLinear
 
-MAX_INTS, MAX_FLOATS = 14, 3  # csrc/step_graph.cpp
+MAX_INTS, MAX_FLOATS = 16, 3  # csrc/step_graph.cpp
 
 
 class Signature(IntEnum):  # csrc/step_graph.cpp's, with the argument lists written there
@@ -33,6 +34,7 @@ class Signature(IntEnum):  # csrc/step_graph.cpp's, with the argument lists writ
     INTERLEAVED = 7
     EMBEDDING = 8
     WIDEN = 9
+    MOE = 10
 
 
 class Op(ctypes.Structure):
@@ -179,19 +181,32 @@ def silu_and_mul_op(gate_up: torch.Tensor, out: torch.Tensor) -> Op:
     return op(cpu_kernels.kernel_name("silu_and_mul", out.dtype), Signature.SILU_AND_MUL, 2, ints)
 
 
+def gelu_tanh_and_mul_op(gate_up: torch.Tensor, out: torch.Tensor) -> Op:
+    """out [S, I] = gelu(gate, approximate="tanh") * up of gate_up [S, 2 I] (cpu_kernels.gelu_tanh_and_mul)"""
+    ints = [gate_up.data_ptr(), out.data_ptr(), 0, out.shape[1]]
+    return op(cpu_kernels.kernel_name("gelu_tanh_and_mul", out.dtype), Signature.SILU_AND_MUL, 2, ints)
+
+
+# GatedMLP.hidden_act -> the captured call of its activation (as layers/mlp.py's KERNELS)
+ACTIVATION_OPS = {"silu": silu_and_mul_op, "gelu_pytorch_tanh": gelu_tanh_and_mul_op}
+
+
 def rope_and_cache_op(
     qkv: torch.Tensor,  # [S, (H + 2 KVH) * D]
     positions: torch.Tensor,  # [S] int64
     slots: torch.Tensor,  # [S] int64
-    rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin tables [max_positions, D]
+    rope: tuple[torch.Tensor, torch.Tensor] | None,  # the layer's cos, sin [max_positions, rotary_dim]
     kv_cache: tuple[torch.Tensor, torch.Tensor],  # [KVH, num_blocks, block_size, D] each
     num_heads: int,
     kv_scales: tuple[float, float],
+    rotary_dim: int | None = None,  # cpu_kernels.rope_and_cache's (None: head_dim; 0: no RoPE, rope None)
 ) -> Op:
     k_cache, v_cache = kv_cache
     kv_heads, num_blocks, block_size, head_dim = k_cache.shape
-    pointers = [qkv, positions, rope[0], rope[1], slots, k_cache, v_cache]
-    ints = [t.data_ptr() for t in pointers] + [0, num_heads, kv_heads, head_dim, num_blocks * block_size]
+    cos, sin = rope if rope is not None else (None, None)
+    width = cpu_kernels.rotary_width(rotary_dim, head_dim, cos)
+    pointers = [ptr(qkv), ptr(positions), ptr(cos), ptr(sin), ptr(slots), ptr(k_cache), ptr(v_cache)]
+    ints = [*pointers, 0, num_heads, kv_heads, head_dim, num_blocks * block_size, width]
     floats = (*kv_scales, cpu_kernels.cache_limit(k_cache.dtype))
     name = cpu_kernels.kernel_name("rope_and_cache", qkv.dtype, k_cache.dtype)
     return op(name, Signature.ROPE_AND_CACHE, 7, ints, floats)
@@ -205,12 +220,31 @@ def decode_attention_op(
     out: torch.Tensor,  # [S, H * D]
     scale: float,
     kv_scales: tuple[float, float],
+    *,
+    sliding_window: int | None = None,  # cpu_kernels.paged_decode_attention's
+    soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,  # [H] fp32, kept alive by the caller as long as the graph
 ) -> Op:
     k_cache, v_cache = kv_cache
     kv_heads, num_blocks, block_size, head_dim = k_cache.shape
     num_heads = out.shape[1] // head_dim
     pointers = [qkv, k_cache, v_cache, block_tables, context_lens, out]
-    ints = [t.data_ptr() for t in pointers] + [0, num_heads, kv_heads, head_dim, num_blocks, block_size]
-    ints += [block_tables.shape[1], qkv.stride(0)]
+    ints = [t.data_ptr() for t in pointers] + [cpu_kernels.sinks_pointer(sinks, num_heads) or 0]
+    ints += [0, num_heads, kv_heads, head_dim, num_blocks, block_size, block_tables.shape[1], qkv.stride(0)]
+    ints.append(sliding_window or 0)
+    floats = (scale * kv_scales[0], kv_scales[1], soft_cap or 0.0)
     name = cpu_kernels.kernel_name("paged_decode_attention", out.dtype, k_cache.dtype)
-    return op(name, Signature.DECODE_ATTENTION, 6, ints, (scale * kv_scales[0], kv_scales[1]))
+    return op(name, Signature.DECODE_ATTENTION, 7, ints, floats)
+
+
+def moe_op(
+    native: NativeMoE,
+    x: torch.Tensor,  # [S, H]
+    logits: torch.Tensor,  # [S, E]: the router's output
+    shared: tuple[torch.Tensor | None, torch.Tensor | None],  # a shared expert's output [S, H], gate [S, 1]
+    out: torch.Tensor,  # [S, H]
+    workspace: torch.Tensor,  # uint8, native.workspace_bytes(S)
+) -> Op:
+    """A MoE block's routing, routed experts and combine in one call (csrc/moe.cpp), the eager module's."""
+    ints = [native.address, x.data_ptr(), logits.data_ptr(), ptr(shared[0]), ptr(shared[1]), out.data_ptr()]
+    return op(f"moe_forward_{native.suffix}", Signature.MOE, 7, [*ints, workspace.data_ptr(), 0])

@@ -2,7 +2,9 @@
 
 The default budget (a share of free memory) gives up the captured decode step's buffers first, as vLLM's
 profiler takes its CUDA graphs' memory off the KV cache: the graph is allocated after the pool (it holds
-the pool's addresses), so its bytes are counted from the model's widths (decode_graph_memory.py)."""
+the pool's addresses), so its bytes are counted from the model's widths (decode_graph_memory.py).
+A model whose every layer has a sliding window needs, per sequence, only the blocks its window and one
+step's chunk span (the rest are freed: sliding_window.py), not a whole max_model_len's."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Any
 
 import torch
 
-from backend.engine import cpu_kernels
+from backend.engine import cpu_kernels, sliding_window
 from backend.engine.config import EngineConfig
 from backend.engine.decode_graph_memory import DecodeGraphShape, decode_graph_bytes
 from backend.engine.decode_graph_support import graph_shape, unsupported_reason
@@ -34,9 +36,6 @@ def size_kv_pool(
     """(number of KV blocks, max_model_len): the pool always holds at least one max-length sequence."""
     bs = config.block_size
     model_limit = getattr(hf_config, "max_position_embeddings", None) or 2048
-    window = getattr(hf_config, "sliding_window", None)
-    if window and getattr(hf_config, "use_sliding_window", True):
-        model_limit = min(model_limit, window)  # within the window, attention is plain causal
     if config.max_model_len is not None and config.max_model_len > model_limit:
         raise ValueError(
             f"max_model_len={config.max_model_len} exceeds the model's limit of {model_limit} tokens"
@@ -50,15 +49,23 @@ def size_kv_pool(
     else:
         graph = decode_graph_shape(model, config)
         graph_bytes = decode_graph_bytes(graph, config.max_num_seqs, max_len, bs) if graph else 0
-        enough = config.max_num_seqs * -(-max_len // bs)
+        enough = config.max_num_seqs * blocks_per_sequence(model, config, max_len)
         num_blocks = min(enough, (kv_cache_budget_bytes(device) - graph_bytes) // per_block)
     if num_blocks < 1:
         raise ValueError(f"the KV pool must hold at least one block of {per_block} bytes")
-    if num_blocks * bs < max_len:
+    if num_blocks < blocks_per_sequence(model, config, max_len):
         if config.max_model_len is not None:
             raise ValueError(
-                f"max_model_len={max_len} needs {-(-max_len // bs)} KV blocks of {bs} tokens, "
-                f"but the KV pool has only {num_blocks}; lower max_model_len or give the pool more memory"
+                f"max_model_len={max_len} needs {blocks_per_sequence(model, config, max_len)} KV blocks "
+                f"of {bs} tokens, but the KV pool has only {num_blocks}; lower max_model_len or give the "
+                "pool more memory"
             )
         max_len = num_blocks * bs
     return num_blocks, max_len
+
+
+def blocks_per_sequence(model: CausalLM, config: EngineConfig, max_len: int) -> int:
+    """sliding_window.blocks_per_sequence for the windows the model's layers declare."""
+    return sliding_window.blocks_per_sequence(
+        model.sliding_windows, config.block_size, max_len, config.max_num_batched_tokens
+    )

@@ -20,11 +20,15 @@ from backend.engine.load_phases import LoadPhases
 from backend.engine.loader import load_model
 from backend.engine.model_runner import ModelRunner
 from backend.engine.outputs import RequestMetrics, RequestOutput
+from backend.engine.parallel_sampling import fork_samples
+from backend.engine.prompt_logprobs import PromptLogprobs, TokenTexts
 from backend.engine.request import Request
 from backend.engine.sampler import Sampler
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.scheduler import Scheduler
-from backend.engine.sequence import Sequence
+from backend.engine.sequence import Sequence, SequenceStatus
+from backend.engine.sliding_window import describe as describe_windows
+from backend.engine.sliding_window import freeable_window
 from backend.engine.spec_decode.speculator import make_speculator
 from backend.engine.stats import EngineCounters, EngineStats, engine_stats
 from backend.engine.step_update import StepUpdate
@@ -60,7 +64,12 @@ class LLMEngine:
             model.init_rope(self.max_model_len)
             self.runner = ModelRunner(model, num_blocks, config.block_size, config.kv_cache_dtype)
             self.capture_decode_steps(config)
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        windows = model.sliding_windows
+        self.kv_cache_layout = describe_windows(windows, config.block_size)
+        log.info("KV cache: %d blocks of %d tokens; %s", num_blocks, config.block_size, self.kv_cache_layout)
+        self.block_manager = BlockManager(
+            num_blocks, config.block_size, config.enable_prefix_caching, freeable_window(windows)
+        )
         self.sampler = Sampler(config.seed, use_kernel=self.runner.decode_kernel)
         self.speculator = make_speculator(self, num_blocks)
         self.scheduler = Scheduler(
@@ -71,6 +80,7 @@ class LLMEngine:
         )
         eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else None
         self.structured_output = StructuredOutputManager(self.tokenizer, model.args.vocab_size, eos)
+        self.token_texts = TokenTexts(self.tokenizer)  # decoded tokens of prompt logprobs
         self.requests: dict[str, Request] = {}
         self.counters = EngineCounters()
         self.counters.compute_threads = torch.get_num_threads() if self.device.type == "cpu" else 0
@@ -152,9 +162,19 @@ class LLMEngine:
         if params.structured_outputs is not None:  # a cache hit when the front end compiled it
             for seq in seqs:
                 seq.grammar = self.structured_output.grammar(params.structured_outputs)
+        if params.needs_prompt_logits:
+            seqs[0].prompt_logprobs = PromptLogprobs(
+                prompt_token_ids,
+                params.prompt_logprobs,
+                params.return_prompt_logprobs_tensor,
+                self.runner.model.args.vocab_size,
+            )
         self.requests[request_id] = Request(request_id, prompt, prompt_token_ids, params, seqs, metrics)
-        for seq in seqs:
-            self.scheduler.add(seq)
+        first, *siblings = seqs  # the siblings share its prefill (parallel_sampling.py)
+        for seq in siblings:
+            seq.status = SequenceStatus.WAITING_FOR_FORK
+        first.forks = siblings
+        self.scheduler.add(first)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request and free its blocks at once; returns its final output (None if unknown)."""
@@ -207,15 +227,19 @@ class LLMEngine:
                 item.seq.metrics.first_scheduled_time = now
         try:
             check_fault(self.fault_injector, "execute", [item.seq for item in scheduled])
+            self.runner.copy_blocks(self.block_manager.take_copies())
             sampling, logits = self.runner.execute(scheduled)
         except Exception as exc:  # one forward pass serves the whole batch: fail the requests in it
             why = f"running the model failed: {describe(exc)}"
             return self._fail_requests({item.seq.request_id: why for item in scheduled})
         failed: dict[str, str] = {}
+        num_sampling_rows = sum(1 + len(item.spec_token_ids) for item in sampling)
+        self.update.record_prompt_logprobs(scheduled, logits[num_sampling_rows:], failed)
         for item in scheduled:
             if not item.spec_token_ids:  # a verification advances by what it accepts (StepUpdate)
                 item.seq.num_computed_tokens += item.num_new_tokens
                 self.block_manager.cache_full_blocks(item.seq)
+        sampling, logits = fork_samples(sampling, logits[:num_sampling_rows], self.scheduler)
         now = time.time()
         touched = self.update.update_from_output(sampling, logits, failed, now)
         outputs = self._fail_requests(failed)

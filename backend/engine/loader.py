@@ -226,7 +226,7 @@ def build_model(
             weight.weight, weight.scale = weight.weight.to(device), weight.scale.to(device)
         elif isinstance(weight, QuantizedWeight):
             weight.data = weight.data.to(device)
-    state |= install_quantized(net, quantized)
+    state |= install_quantized(net, net.take_quantized(quantized))
     net.load_hf_state_dict(state)
     state.clear()
     net.fold_scales()

@@ -60,6 +60,12 @@ def kv_pool(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) ->
     return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)
 
 
+def is_decode(item: ScheduledSeq) -> bool:
+    """One token (and its drafts) that keeps no prompt rows: a chunk that keeps some is a prefill, so
+    the prompt rows follow the order of the scheduled sequences."""
+    return item.num_new_tokens == 1 + len(item.spec_token_ids) and not item.prompt_logprob_positions
+
+
 class ModelRunner:
     def __init__(
         self, model: CausalLM, num_blocks: int, block_size: int, kv_cache_dtype: str = "auto"
@@ -109,17 +115,25 @@ class ModelRunner:
     def kv_pool_bytes(self) -> int:
         return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.kv_caches)
 
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy KV blocks (source, destination) in every layer: BlockManager's copy-on-write."""
+        for source, destination in copies:
+            for k_cache, v_cache in self.kv_caches:  # [num_kv_heads, num_blocks, block_size, head_dim]
+                k_cache[:, destination].copy_(k_cache[:, source])
+                v_cache[:, destination].copy_(v_cache[:, source])
+
     def execute(self, scheduled: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], torch.Tensor]:
         """Run one step. Returns the sequences that sample (in row order) and their logits [n, vocab] fp32,
-        `num_logits` consecutive rows per sequence (1 + its drafts when it verifies drafts).
+        `num_logits` consecutive rows per sequence (1 + its drafts when it verifies drafts); after those
+        rows come the prompt rows kept for prompt logprobs, in `scheduled` order.
 
         Rows are decodes first, then prefill chunks, like vLLM's V1 runner. A decode is one token, or one
         token and its drafts: each draft row is a decode row of its own whose context ends at it (the
         decode kernel, not a prefill chunk's gather and masked attention; as vLLM's spec decode does).
         A captured step calls no torch op that records anything: it skips inference mode's entry and exit
         (tens of microseconds each on caches the weights' stream has just evicted)."""
-        decodes = [s for s in scheduled if s.num_new_tokens == 1 + len(s.spec_token_ids)]
-        prefills = [s for s in scheduled if s.num_new_tokens != 1 + len(s.spec_token_ids)]
+        decodes = [s for s in scheduled if is_decode(s)]
+        prefills = [s for s in scheduled if not is_decode(s)]
         if self.decode_graph is not None and not prefills:
             step = self.decode_graph.step_rows(decodes)
             if step is not None:  # every row a plain decode: the captured calls
@@ -158,18 +172,23 @@ class ModelRunner:
         return [s for s in ordered if s.samples], logits
 
     def prepare_inputs(self, ordered: list[ScheduledSeq]) -> StepInputs:
-        """Token ids, positions and KV-pool slots of every new token, and the rows that sample."""
+        """Token ids, positions and KV-pool slots of every new token, and the rows whose logits are kept:
+        the rows that sample, then the prompt rows kept for prompt logprobs (prompt_logprob_positions)."""
         bs = self.block_size
         inputs = StepInputs([], [], [], [])
+        prompt_rows: list[int] = []
         for item in ordered:
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_new_tokens
+            first = len(inputs.input_ids)
             inputs.input_ids.extend(seq.token_ids[start:end])
             inputs.input_ids.extend(item.spec_token_ids)  # drafts follow the sequence's last token
             inputs.positions.extend(range(start, end))
             inputs.slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(start, end))
             last = len(inputs.input_ids)
             inputs.logits_rows.extend(range(last - item.num_logits, last))
+            prompt_rows.extend(first + p - start for p in item.prompt_logprob_positions)
+        inputs.logits_rows.extend(prompt_rows)
         return inputs
 
     def prepare_prefill(self, prefills: list[ScheduledSeq], first_row: int) -> tuple[list[PrefillChunk], int]:

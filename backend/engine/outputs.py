@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(slots=True)
@@ -44,3 +48,8 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(0.0))
     error: str | None = None  # why the engine failed this request (finish_reason "error")
+    # SamplingParams.prompt_logprobs: None for the first prompt token, then each token's dict
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    # SamplingParams.return_prompt_logprobs_tensor: [len(prompt) - 1, vocab] float32 log-softmax rows,
+    # row i the model's distribution over prompt token i + 1 (docs/serving.md)
+    prompt_logprobs_tensor: torch.Tensor | None = None

@@ -1,4 +1,9 @@
-"""Request: one prompt with its n sequences; builds the RequestOutput a caller sees."""
+"""Request: one prompt with its n sequences; builds the RequestOutput a caller sees.
+
+It is vLLM v1's ParentRequest and output processor in one: the n sequences are its child requests (one
+per sample, SamplingParams.n) and output() fans their completions back in, in index order, with the
+prompt logprobs its first sequence gathered while prefilling.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ class Request:
         return all(seq.is_finished for seq in self.seqs)
 
     def output(self) -> RequestOutput:
+        prompt_logprobs = self.seqs[0].prompt_logprobs
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
@@ -30,6 +36,12 @@ class Request:
             outputs=[completion(seq) for seq in self.seqs],
             finished=self.finished,
             metrics=self.metrics,
+            prompt_logprobs=(
+                list(prompt_logprobs.entries)
+                if prompt_logprobs is not None and prompt_logprobs.entries is not None
+                else None
+            ),
+            prompt_logprobs_tensor=prompt_logprobs.tensor() if prompt_logprobs is not None else None,
         )
 
 

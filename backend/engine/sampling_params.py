@@ -83,6 +83,11 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int | None = None  # top-N logprobs per generated token (plus the sampled one)
+    # top-N logprobs of each prompt token (plus the token itself); -1: the whole vocabulary (vLLM)
+    prompt_logprobs: int | None = None
+    # ours, not vLLM's: RequestOutput.prompt_logprobs_tensor gets the prompt's log-softmax rows as one
+    # float32 tensor [prompt_len - 1, vocab] (docs/serving.md), the form a perplexity or KL tool reads
+    return_prompt_logprobs_tensor: bool = False
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
     stop_strings: list[str] = field(init=False, default_factory=list)
@@ -117,6 +122,16 @@ class SamplingParams:
             f"logprobs must be None or an integer in [0, 20], got {self.logprobs!r}",
         )
         _check(
+            self.prompt_logprobs is None or (_is_int(self.prompt_logprobs) and self.prompt_logprobs >= -1),
+            "prompt_logprobs must be None, -1 (the whole vocabulary) or an integer >= 0, "
+            f"got {self.prompt_logprobs!r}",
+        )
+        _check(
+            isinstance(self.return_prompt_logprobs_tensor, bool),
+            "return_prompt_logprobs_tensor must be True or False, "
+            f"got {self.return_prompt_logprobs_tensor!r}",
+        )
+        _check(
             self.seed is None or (_is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX),
             f"seed must be None or an integer in [{SEED_MIN}, {SEED_MAX}], got {self.seed!r}",
         )
@@ -144,6 +159,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """The prefill must keep the logits of every prompt row, not only the last."""
+        return self.prompt_logprobs is not None or self.return_prompt_logprobs_tensor
 
     @property
     def needs_penalties(self) -> bool:

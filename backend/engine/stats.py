@@ -7,6 +7,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from backend.engine.sliding_window import NULL_BLOCK
+
 if TYPE_CHECKING:
     import torch
 
@@ -48,6 +50,7 @@ class StatsSource(Protocol):
     runner: ModelRunner
     counters: EngineCounters
     speculator: Speculator | None
+    kv_cache_layout: str  # sliding_window.describe of the model's layers
 
 
 def _snapshot(items) -> list:
@@ -91,7 +94,12 @@ class EngineStats:
     max_num_batched_tokens: int
     timestamp: float  # time.time()
     compute_threads: int  # CPU threads a step runs on now (fewer while other processes take cores); 0: GPU
-    block_owners: dict[str, list[int]]  # request id -> its KV blocks
+    block_owners: dict[str, list[int]]  # request id -> its KV blocks (not those freed before a window)
+    kv_cache_layout: str  # what the pool keeps per layer: sliding windows, blocks freed before them
+    num_kv_blocks_freed_by_window_total: int  # blocks given back because they fell before every window
+    # block id -> how many sequences hold it, for blocks held by more than one: a prompt shared by a
+    # request's parallel samples (n > 1), or a prefix-cache hit shared by several requests
+    shared_blocks: dict[int, int] = field(default_factory=dict)
     # speculative decoding (vLLM's spec_decode counters); method None and zeros when it is off
     speculative_method: str | None = None
     num_speculative_tokens: int = 0
@@ -101,6 +109,9 @@ class EngineStats:
     spec_decode_num_accepted_tokens_per_pos_total: list[int] = field(default_factory=list)
     spec_decode_acceptance_rate: float = 0.0  # accepted / draft tokens
     spec_decode_mean_acceptance_length: float = 0.0  # tokens gained per verification, bonus included
+    # per MoE layer, per expert: token -> expert assignments routed since start (top_k per token a layer);
+    # empty for a dense model. The Chat tab's expert-load chart takes differences of two snapshots.
+    expert_tokens_total: list[list[int]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,10 +122,12 @@ def engine_stats(engine: StatsSource) -> EngineStats:
 
     bm, sched, counters, cfg = engine.block_manager, engine.scheduler, engine.counters, engine.config
     running, waiting = _snapshot(sched.running), _snapshot(sched.waiting)
-    owners: dict[str, list[int]] = {}
+    owners: dict[str, dict[int, None]] = {}
     for seq in running + waiting:
-        if seq.block_table:
-            owners.setdefault(seq.request_id, []).extend(_snapshot(seq.block_table))
+        held = [block for block in _snapshot(seq.block_table) if block != NULL_BLOCK]
+        if held:  # a request's samples share their prompt's blocks: each block once
+            owners.setdefault(seq.request_id, {}).update(dict.fromkeys(held))
+    shared = {block: count for block, count in enumerate(_snapshot(bm.ref_counts)) if count > 1}
     used = bm.num_used_blocks
     running_ids = {seq.request_id for seq in running}
     return EngineStats(
@@ -146,7 +159,11 @@ def engine_stats(engine: StatsSource) -> EngineStats:
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         timestamp=time.time(),
         compute_threads=counters.compute_threads,
-        block_owners=owners,
+        block_owners={request_id: list(blocks) for request_id, blocks in owners.items()},
+        kv_cache_layout=engine.kv_cache_layout,
+        num_kv_blocks_freed_by_window_total=bm.num_skipped_blocks,
+        shared_blocks=shared,
+        expert_tokens_total=engine.runner.model.expert_tokens_total(),
         **spec_decode_fields(engine.speculator),
     )
 

@@ -15,6 +15,7 @@ from backend.engine.block_manager import BlockManager
 from backend.engine.exceptions import describe
 from backend.engine.fault_injection import FaultInjector, check_fault
 from backend.engine.output_processor import append_token, token_logprobs
+from backend.engine.prompt_logprobs import TokenTexts
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import ScheduledSeq, Scheduler
 from backend.engine.sequence import Sequence
@@ -36,11 +37,29 @@ class UpdateSource(Protocol):
     counters: EngineCounters
     structured_output: StructuredOutputManager
     fault_injector: FaultInjector | None
+    token_texts: TokenTexts
 
 
 class StepUpdate:
     def __init__(self, engine: UpdateSource) -> None:
         self.engine = engine
+
+    def record_prompt_logprobs(self, scheduled: list[ScheduledSeq], logits, failed: dict[str, str]) -> None:
+        """Hand each prefill chunk's prompt rows (logits [rows, vocab], in scheduled order) to its
+        sequence's PromptLogprobs."""
+        row = 0
+        for item in scheduled:
+            positions = item.prompt_logprob_positions
+            if not positions:
+                continue
+            rows = logits[row : row + len(positions)]
+            row += len(positions)
+            try:
+                assert item.seq.prompt_logprobs is not None
+                item.seq.prompt_logprobs.add(positions, rows, self.engine.token_texts)
+            except Exception as exc:  # this request's own rows (its top-N, its tokens)
+                failed[item.seq.request_id] = f"computing prompt logprobs failed: {describe(exc)}"
+        assert row == logits.shape[0], "every prompt row belongs to a sequence"
 
     def update_from_output(
         self, sampling: list[ScheduledSeq], logits, failed: dict[str, str], now: float

@@ -121,6 +121,13 @@ def kv_bytes_per_token(spec: ModelSpec, kv_bytes: float, tp: int, pp: int) -> fl
     return (full + sliding) * kv_bytes_per_token_layer(spec, kv_bytes, tp)
 
 
+def layer_windows(spec: ModelSpec) -> tuple[int | None, ...]:
+    """Each layer's sliding window (None: full attention), as every engine's term reads spec.layer_types."""
+    if not spec.layer_types:
+        return (None,) * spec.num_hidden_layers
+    return tuple(spec.sliding_window if t == "sliding_attention" else None for t in spec.layer_types)
+
+
 def kv_tokens_per_layer(spec: ModelSpec, seq_len: int) -> list[int]:
     """Tokens each layer keeps for one sequence: sliding-window layers keep at most the window."""
     window = spec.sliding_window or seq_len

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from backend.engine.decode_graph_memory import DecodeGraphShape, decode_graph_bytes
 from backend.engine.models.registry import traits_of
+from backend.engine.sliding_window import blocks_per_sequence, freeable_window, kv_cache_bytes
 from backend.engines import CONTEXT_ENGINES, GRAPH_ENGINES
 from backend.planner import memory
 from backend.planner.catalog import GIB, GPU, KVCacheDtype, Quantization
@@ -223,7 +224,8 @@ def _decode_graph_shape(req: PlanRequest, spec: ModelSpec, lay: Layout) -> Decod
     row by row on quant_gemv). A running engine's plan says enforce_eager when it did not capture
     (launch_here.running_engine_request)."""
     traits = traits_of(spec.architecture, spec.model_type)  # the engine's registry (None: it cannot run it)
-    uncaptured = lay.quant.name in ("fp32", "fp16") or traits is None or traits.qk_norm
+    uncaptured = lay.quant.name in ("fp32", "fp16") or traits is None
+    uncaptured = uncaptured or (traits is not None and traits.qk_norm)  # decode_graph_support: no q/k norm
     if lay.gpu.cpu is None or req.enforce_eager or uncaptured:
         return None
     fast_bf16 = lay.gpu.cpu.has_fast_bf16
@@ -241,9 +243,11 @@ def _decode_graph_shape(req: PlanRequest, spec: ModelSpec, lay: Layout) -> Decod
 
 
 def _embedded(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> None:
-    """The embedded engine keeps every layer's full context (no window savings). Its default budget gives
-    up the captured decode step's buffers first (backend/engine/kv_cache_utils.py), as vLLM's profiler
-    takes its CUDA graphs' memory off the KV cache."""
+    """The embedded engine keeps every block of a sequence, except where every layer is windowed: then only
+    the window's and one step's chunk's (backend/engine/sliding_window.py; a hybrid model's full layers
+    need all of them, and its one block table serves every layer). The pool holds max_num_seqs such
+    sequences within its default budget, which gives up the captured decode step's buffers first
+    (backend/engine/kv_cache_utils.py), as vLLM's profiler takes its CUDA graphs' memory off the KV cache."""
     tokens = min(lay.limits.max_num_batched_tokens, 512)
     max_num_seqs = lay.limits.max_num_seqs
     plan.activation = memory.activation_bytes(spec, tokens, lay.tp, max_num_seqs)
@@ -255,11 +259,15 @@ def _embedded(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) 
     graph = _decode_graph_shape(req, spec, lay)
     budget -= decode_graph_bytes(graph, max_num_seqs, max_len, bs) if graph else 0
     per_block = plan.kv_bytes_per_token * bs
-    num_blocks = min(max_num_seqs * math.ceil(max_len / bs), int(budget // per_block))
+    windows = memory.layer_windows(spec)
+    longest = blocks_per_sequence(windows, bs, max_len, lay.limits.max_num_batched_tokens)
+    num_blocks = min(max_num_seqs * longest, int(budget // per_block))
     plan.kv_cache = int(num_blocks * per_block)
-    plan.kv_bytes_per_sequence = int(math.ceil((req.input_len + req.output_len) / bs) * per_block)
-    plan.max_sequence_bytes = int(math.ceil(max_len / bs) * per_block)
-    if req.max_model_len is None and num_blocks * bs < max_len:
+    layer_bytes = memory.kv_bytes_per_token_layer(spec, plan.kv_element_bytes, lay.tp)
+    seq_len = req.input_len + req.output_len
+    plan.kv_bytes_per_sequence = kv_cache_bytes(windows, int(layer_bytes), seq_len, bs).engine_per_sequence
+    plan.max_sequence_bytes = int(longest * per_block)
+    if req.max_model_len is None and num_blocks < longest:
         plan.max_model_len, plan.max_sequence_bytes = num_blocks * bs, int(num_blocks * per_block)
     plan.cuda_graphs = decode_graph_bytes(graph, max_num_seqs, plan.max_model_len, bs) if graph else 0
 
@@ -317,6 +325,8 @@ def plan_memory(req: PlanRequest, spec: ModelSpec, lay: Layout) -> MemoryPlan:
 def longest_sequence(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> int:
     """Longest single sequence the KV cache holds, capped at the model's limit."""
     limit, bs, per_token = spec.max_position_embeddings, req.block_size, plan.kv_bytes_per_token
+    if req.engine == "embedded" and freeable_window(memory.layer_windows(spec)) is not None:
+        return _embedded_longest(req, spec, lay, plan)
     if req.engine == "embedded" or not spec.num_sliding_layers:
         return min(int(plan.kv_cache // (per_token * bs) * bs) if per_token else 0, limit)
     lo, hi = 0, limit // bs  # blocks: bisect, since sliding layers cost at most a window each
@@ -328,3 +338,15 @@ def longest_sequence(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: Memor
         else:
             hi = mid - 1
     return min(lo * bs, limit)
+
+
+def _embedded_longest(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan) -> int:
+    """An all-windowed model on the embedded engine: a sequence of any length holds at most its window's
+    and a chunk's blocks (sliding_window.blocks_per_sequence), so the pool's blocks bound it only below
+    that."""
+    limit, bs = spec.max_position_embeddings, req.block_size
+    num_blocks = int(plan.kv_cache // (plan.kv_bytes_per_token * bs)) if plan.kv_bytes_per_token else 0
+    windows, chunk = memory.layer_windows(spec), lay.limits.max_num_batched_tokens
+    if num_blocks >= blocks_per_sequence(windows, bs, limit, chunk):
+        return limit
+    return min(num_blocks * bs, limit)

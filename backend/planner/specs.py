@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from backend.engine.sliding_window import layer_windows
 from backend.model_limits import check_config
 
 # What each group of weights is, so that a quantization can keep some of them 16-bit. "mtp" is DeepSeek's
@@ -39,6 +40,7 @@ class ModelSpec:
     attention: str = "gqa"  # "mha" | "gqa" | "mqa" | "mla"
     sliding_window: int | None = None
     layer_types: list[str] = field(default_factory=list)  # "full_attention" | "sliding_attention"
+    partial_rotary_factor: float = 1.0  # the share of each head RoPE rotates (Phi-4-mini: 0.75)
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
@@ -63,17 +65,20 @@ def _text_config(config: dict) -> dict:
 
 
 def _layer_types(c: dict, layers: int) -> list[str]:
+    """Each layer's attention as the embedded engine reads it (backend/engine/sliding_window.layer_windows:
+    layer_types, else sliding_window_pattern or the model type's default, Qwen2's max_window_layers, else
+    sliding_window on every layer), layer_types cut to the layers that hold KV."""
     if c.get("layer_types"):
         return [t if t == "sliding_attention" else "full_attention" for t in c["layer_types"]][:layers]
-    window = c.get("sliding_window")
-    if not window or c.get("use_sliding_window") is False:
-        return ["full_attention"] * layers
-    if c.get("model_type") == "gemma2":  # even layers slide, odd layers attend fully
-        return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
-    pattern = c.get("sliding_window_pattern")
-    if pattern:  # Gemma 3: every pattern-th layer is global
-        return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
-    return ["sliding_attention"] * layers  # Mistral-v0.1 / Phi-3 style: every layer slides
+    windows = layer_windows({**c, "num_hidden_layers": layers})
+    return ["full_attention" if window is None else "sliding_attention" for window in windows]
+
+
+def _partial_rotary_factor(c: dict) -> float:
+    """rope_parameters' (transformers 5) or rope_scaling's, else the config's own, as the engine reads it
+    (backend/engine/layers/rotary.py)."""
+    rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    return float(rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)))
 
 
 def _attention_params(c: dict, hidden: int, heads: int, kv_heads: int, head_dim: int) -> int:
@@ -95,6 +100,8 @@ def _attention_params(c: dict, hidden: int, heads: int, kv_heads: int, head_dim:
             params += hidden  # o_proj bias (gpt-oss, ...)
     if c.get("model_type") in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"):
         params += 2 * head_dim  # q_norm, k_norm
+    if c.get("model_type") == "olmoe":
+        params += q + kv  # q_norm, k_norm over the whole projections
     if c.get("model_type") == "gpt_oss":
         params += heads  # attention sinks
     return params
@@ -122,7 +129,11 @@ def _moe_params(c: dict, hidden: int) -> tuple[int, int]:
 def _is_moe_layer(c: dict, i: int) -> bool:
     if not (c.get("num_local_experts") or c.get("n_routed_experts") or c.get("num_experts")):
         return False
-    return i >= c.get("first_k_dense_replace", 0) and i % c.get("moe_layer_freq", 1) == 0
+    if i in (c.get("mlp_only_layers") or []):  # Qwen2/3-MoE: dense layers by index
+        return False
+    step = c.get("decoder_sparse_step") or 1  # Qwen2/3-MoE: every step-th layer is sparse
+    sparse = i >= c.get("first_k_dense_replace", 0) and i % c.get("moe_layer_freq", 1) == 0
+    return sparse and (i + 1) % step == 0
 
 
 def _add_layer(
@@ -223,6 +234,7 @@ def spec_from_config(
         attention=attention,
         sliding_window=c.get("sliding_window") if c.get("use_sliding_window") is not False else None,
         layer_types=_layer_types(c, layers),
+        partial_rotary_factor=_partial_rotary_factor(c),
         num_experts=experts,
         num_experts_per_tok=top_k,
         moe_intermediate_size=c.get("moe_intermediate_size") or (c["intermediate_size"] if experts else 0),

@@ -1,7 +1,8 @@
 """build_app(): the FastAPI application that serves an engine over OpenAI's HTTP API.
 
 Routes: GET /health, GET /metrics (Prometheus text), GET /v1/models, POST /v1/completions,
-POST /v1/chat/completions. The engine comes from ``engine_provider()`` on every request, so a UI can
+POST /v1/chat/completions, POST /v1/responses, and vLLM's POST /tokenize, POST /detokenize,
+GET /tokenizer_info, GET /version. The engine comes from ``engine_provider()`` on every request, so a UI can
 launch, stop and relaunch it under a running server; while it returns None the API answers 503.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
 
 from backend.server.engine_provider import EngineProvider
 from backend.server.errors import install_error_handlers
@@ -18,10 +20,15 @@ from backend.server.metrics import ServerMetrics
 from backend.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
 from backend.server.protocol import ChatCompletionRequest, CompletionRequest
 from backend.server.request_body import body_pool, install_body_schemas
+from backend.server.responses_api import responses_router
+from backend.server.responses_protocol import ResponsesRequest
 from backend.server.serving import ServingContext, openai_router
+from backend.server.tokenization import DetokenizeRequest, TokenizeRequest, tokenization_router
 from backend.server.tool_parsers import TOOL_PARSERS
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# The paths of the API (beside a mounted UI these are the ones an API key guards)
+API_PATHS = ("/v1", "/metrics", "/tokenize", "/detokenize", "/tokenizer_info", "/version")
 DEFAULT_MAX_WAITING_REQUESTS = 256  # as AsyncLLM's
 
 
@@ -49,7 +56,7 @@ def build_app(
     """The OpenAI-compatible app over ``engine_provider()`` (an AsyncLLM, or None while none runs).
 
     With ``api_key`` set, every path but /health (or, with ``key_prefixes``, only the paths under them,
-    e.g. ("/v1", "/metrics") beside a mounted UI) needs ``Authorization: Bearer <api_key>``. Bodies
+    e.g. API_PATHS beside a mounted UI) needs ``Authorization: Bearer <api_key>``. Bodies
     over ``max_body_bytes`` get 413; requests arriving while ``max_waiting_requests`` wait in the engine
     get 503 with Retry-After. Without ``expose_prefix_cache`` (a public app) /metrics leaves out the
     prefix-cache hit counters. With ``max_tokens_limit`` (a public app) a request may ask for at most
@@ -82,7 +89,16 @@ def build_app(
     app.state.body_pool = body_pool()
     install_error_handlers(app)
     app.include_router(openai_router(ctx))
-    install_body_schemas(app, [CompletionRequest, ChatCompletionRequest])
+    app.include_router(responses_router(ctx))
+    app.include_router(tokenization_router(ctx))
+    body_models: list[type[BaseModel]] = [
+        CompletionRequest,
+        ChatCompletionRequest,
+        ResponsesRequest,
+        TokenizeRequest,
+        DetokenizeRequest,
+    ]
+    install_body_schemas(app, body_models)
 
     @app.get("/health")
     async def health() -> Response:

@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from backend.engine.exceptions import EngineOverloadedError
+from backend.engine.exceptions import EngineDeadError, EngineOverloadedError
 from backend.server.limits import LimitExceeded
 from backend.worker_pool import WorkerPoolFull
 
@@ -117,6 +117,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EngineOverloadedError)  # a full line: the tokenizer's, or a client's share
     async def _overloaded(_: Request, exc: EngineOverloadedError) -> JSONResponse:
         return error_response(503, str(exc), "queue_full", None, {"Retry-After": "1"})
+
+    @app.exception_handler(EngineDeadError)  # stopped (a relaunch) while the request was on its way in
+    async def _dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+        return error_response(503, str(exc), "engine_dead", None, {"Retry-After": "5"})
 
     @app.exception_handler(WorkerPoolFull)  # the body or grammar workers and their line are full
     async def _busy(_: Request, exc: WorkerPoolFull) -> JSONResponse:

@@ -165,6 +165,8 @@ class EngineCollector:
             yield counter
         if stats.speculative_method is not None:
             yield from spec_decode_metrics(values, name)
+        if stats.expert_tokens_total:
+            yield expert_tokens_metric(stats.expert_tokens_total, name)
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
@@ -172,6 +174,19 @@ class EngineCollector:
         )
         info.add_metric([str(stats.block_size), str(stats.num_kv_blocks_total), name], 1.0)
         yield info
+
+
+def expert_tokens_metric(counts: list[list[int]], name: str) -> Metric:
+    """A MoE model's token -> expert assignments per layer (its MoE layers counted from 0) and expert."""
+    counter = CounterMetricFamily(
+        "playground:moe_expert_tokens",
+        "Token to expert assignments routed by each MoE layer's router (top_k per token).",
+        labels=["model_name", "layer", "expert"],
+    )
+    for layer, experts in enumerate(counts):
+        for expert, count in enumerate(experts):
+            counter.add_metric([name, str(layer), str(expert)], float(count))
+    return counter
 
 
 def spec_decode_metrics(values: dict, name: str) -> Iterator[Metric]:

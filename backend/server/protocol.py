@@ -1,7 +1,7 @@
 """OpenAI request bodies (the parameters we honour) and their translation to SamplingParams.
 
-Unknown fields are ignored, as OpenAI-compatible servers do; fields we cannot honour (n > 1, echo,
-best_of, suffix) are refused with a message that says so.
+Unknown fields are ignored, as OpenAI-compatible servers do; fields we cannot honour (best_of, suffix,
+echo on chat) are refused with a message that says so.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ FailFastList = Annotated[list[T], Field(fail_fast=True)]
 MAX_MESSAGES = 4096
 MAX_CONTENT_PARTS = 4096  # text parts and earlier tool calls, across all messages
 MAX_BATCH_PROMPTS = 2048
+MAX_N = 128  # OpenAI's API reference bounds n to [1, 128]
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs, for logprobs and prompt_logprobs alike
 
 
 class StrictJSON(BaseModel):
@@ -55,7 +57,7 @@ class SamplingFields(StrictJSON):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1)
+    n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | FailFastList[str] | None = None
@@ -72,6 +74,7 @@ class SamplingFields(StrictJSON):
     skip_special_tokens: bool = True
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
 
 class CompletionRequest(SamplingFields):
@@ -87,8 +90,8 @@ class CompletionRequest(SamplingFields):
             check_list_lengths({"prompt": prompt}, {"prompt": MAX_BATCH_PROMPTS})
         return data
 
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
-    logprobs: int | None = Field(None, ge=0, le=20)
+    max_tokens: int | None = Field(16, ge=0)  # OpenAI's default for completions; 0 only with echo
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
@@ -116,7 +119,8 @@ class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1, fail_fast=True)]
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False  # refused: /v1/completions echoes prompts
     tools: FailFastList[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
@@ -144,11 +148,24 @@ class ChatCompletionRequest(SamplingFields):
 
 
 def refuse_unsupported(req: SamplingFields) -> None:
-    if req.n != 1:
-        raise OpenAIError(400, f"n={req.n} is not supported: this server returns one choice (n=1)", param="n")
+    if req.prompt_logprobs is not None and req.stream:
+        raise OpenAIError(
+            400,
+            "prompt_logprobs is not available with stream=true (as in vLLM); send stream=false",
+            param="prompt_logprobs",
+        )
+    if isinstance(req, ChatCompletionRequest) and req.echo:
+        raise OpenAIError(
+            400, "echo is supported on /v1/completions only, not on /v1/chat/completions", param="echo"
+        )
     if isinstance(req, CompletionRequest):
-        if req.echo:
-            raise OpenAIError(400, "echo=true is not supported", param="echo")
+        if req.max_tokens == 0 and not req.echo:
+            raise OpenAIError(
+                400,
+                "max_tokens=0 is allowed only with echo=true (it returns the prompt alone); "
+                "send max_tokens >= 1",
+                param="max_tokens",
+            )
         if req.best_of not in (None, 1):
             raise OpenAIError(400, f"best_of={req.best_of} is not supported (only 1)", param="best_of")
         if req.suffix:
@@ -184,29 +201,32 @@ def message_texts(messages: list[ChatMessage], tools: list[Tool] | None = None) 
     return texts
 
 
-def single_prompt(prompt: str | list[int] | list[str] | list[list[int]]) -> str | list[int]:
-    """The one prompt of a completion request (a list of one prompt is accepted)."""
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-        if len(prompt) != 1:
-            raise OpenAIError(
-                400,
-                f"a batch of {len(prompt)} prompts is not supported; send one prompt per request",
-                "prompt",
-            )
-        return prompt[0]
+def prompt_batch(prompt: str | list[int] | list[str] | list[list[int]]) -> list[str | list[int]]:
+    """The prompts of a completion request: one string or token-id list, or a list of them (at most
+    MAX_BATCH_PROMPTS, checked when the body was parsed)."""
     if not prompt:
         raise OpenAIError(400, "prompt must not be empty", param="prompt")
-    return cast(str | list[int], prompt)
+    if isinstance(prompt, str) or isinstance(prompt[0], int):
+        return [prompt]
+    prompts = cast(list[str | list[int]], list(prompt))
+    if any(not p for p in prompts):
+        raise OpenAIError(400, "prompt: each prompt of the list must be non-empty", param="prompt")
+    return prompts
 
 
 def sampling_params(
     req: SamplingFields, prompt_len: int, max_model_len: int, logprobs: int | None, structured=None
 ):
     """SamplingParams for the request, after checking the prompt and max_tokens against the context;
-    ``structured`` (a StructuredOutputsParams) constrains the output."""
+    ``structured`` (a StructuredOutputsParams) constrains the output. With echo, prompt logprobs come
+    with logprobs (vLLM), and max_tokens=0 samples one token that is not sent."""
     from backend.engine import SamplingParams
 
     max_tokens = req.max_tokens
+    prompt_logprobs = req.prompt_logprobs
+    if isinstance(req, CompletionRequest) and req.echo:
+        prompt_logprobs = logprobs if prompt_logprobs is None else prompt_logprobs
+        max_tokens = 1 if max_tokens == 0 else max_tokens
     if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
         max_tokens = req.max_completion_tokens
     if prompt_len >= max_model_len:
@@ -229,6 +249,7 @@ def sampling_params(
         )
     try:
         return SamplingParams(
+            n=req.n,
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
             top_k=-1 if req.top_k is None else req.top_k,
@@ -242,6 +263,7 @@ def sampling_params(
             frequency_penalty=req.frequency_penalty,
             repetition_penalty=req.repetition_penalty,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens,
             structured_outputs=structured,
         )

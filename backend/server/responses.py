@@ -1,18 +1,54 @@
 """OpenAI response bodies built from the engine's cumulative RequestOutputs.
 
-A formatter remembers how much text and how many tokens it has sent, so that streaming chunks carry
-only the new part; the same formatter builds the non-streaming body from the last output.
+A formatter remembers, per choice, how much text and how many tokens it has sent, so that streaming
+chunks carry only the new part; the same formatter builds the non-streaming body from the last outputs.
+A response has one choice per prompt and sample: choice index = prompt index * n + sample index (as
+vLLM and OpenAI number them); a streamed chunk carries one choice. Usage counts each prompt once and the
+tokens of every choice.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 
 from backend.engine.outputs import Logprob
-from backend.server.harmony import HarmonyParser, ReasoningStream
+from backend.server.harmony import HarmonyParser, HarmonyTokens, ReasoningStream
 from backend.server.tool_calls import ToolCallFormatter
 from backend.server.tool_parsers import ToolParser
+
+# OpenAI's JSON has no -inf: vLLM sends -9999.0 for a logprob of -inf (clamp_prompt_logprobs)
+MIN_JSON_LOGPROB = -9999.0
+
+
+@dataclass(slots=True)
+class ChoiceStream:
+    """What one choice has been sent so far."""
+
+    sent_chars: int = 0
+    sent_tokens: int = 0
+    text_offset: int = 0  # the legacy completions logprobs' offset of the next token
+    started: bool = False  # chat: its role sent; completions: its prompt echoed
+
+
+def prompt_logprobs_json(entries: list[dict[int, Logprob] | None] | None) -> list | None:
+    """vLLM's `prompt_logprobs` field: per prompt token None or {token id: {logprob, rank, decoded_token}}."""
+    if entries is None:
+        return None
+    return [
+        None
+        if entry is None
+        else {
+            str(token_id): {
+                "logprob": max(lp.logprob, MIN_JSON_LOGPROB),
+                "rank": lp.rank,
+                "decoded_token": lp.decoded_token,
+            }
+            for token_id, lp in entry.items()
+        }
+        for entry in entries
+    ]
 
 
 class ResponseFormatter:
@@ -22,14 +58,20 @@ class ResponseFormatter:
     chunk_object_name = ""
     id_prefix = ""
 
-    def __init__(self, model: str, tokenizer, top_logprobs: int | None):
+    def __init__(self, model: str, tokenizer, top_logprobs: int | None, n: int = 1):
         self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.tokenizer = tokenizer
         self.top_logprobs = top_logprobs
-        self.sent_chars = 0
-        self.sent_tokens = 0
+        self.n = n
+        self.streams: dict[int, ChoiceStream] = {}
+
+    def choice_index(self, prompt_index: int, sample_index: int) -> int:
+        return prompt_index * self.n + sample_index
+
+    def stream(self, index: int) -> ChoiceStream:
+        return self.streams.setdefault(index, ChoiceStream())
 
     def envelope(self, obj: str, choices: list[dict], **extra) -> dict:
         return {
@@ -41,17 +83,16 @@ class ResponseFormatter:
             **extra,
         }
 
-    @staticmethod
-    def usage(output) -> dict:
-        prompt, completion = len(output.prompt_token_ids), len(output.outputs[0].token_ids)
+    def usage(self, outputs: list) -> dict:
+        prompt = sum(len(out.prompt_token_ids) for out in outputs)
+        completion = sum(len(comp.token_ids) for out in outputs for comp in out.outputs)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-    def take_delta(self, output) -> tuple[str, list[int], list | None]:
-        """New text, new token ids and their logprob dicts since the last call."""
-        comp = output.outputs[0]
-        text, ids = comp.text[self.sent_chars :], comp.token_ids[self.sent_tokens :]
-        logprobs = comp.logprobs[self.sent_tokens :] if comp.logprobs is not None else None
-        self.sent_chars, self.sent_tokens = len(comp.text), len(comp.token_ids)
+    def take_delta(self, stream: ChoiceStream, comp) -> tuple[str, list[int], list | None]:
+        """New text, new token ids and their logprob dicts of one choice since the last call."""
+        text, ids = comp.text[stream.sent_chars :], comp.token_ids[stream.sent_tokens :]
+        logprobs = comp.logprobs[stream.sent_tokens :] if comp.logprobs is not None else None
+        stream.sent_chars, stream.sent_tokens = len(comp.text), len(comp.token_ids)
         return text, ids, logprobs
 
     def token_text(self, token_id: int, entry) -> str:
@@ -63,17 +104,23 @@ class ResponseFormatter:
         ordered = sorted(entries.items(), key=lambda kv: kv[1].rank)
         return [(tid, lp) for tid, lp in ordered if lp.rank <= (self.top_logprobs or 0)]
 
+    def chunk_envelope(self, choice: dict, include_usage: bool) -> dict:
+        extra = {"usage": None} if include_usage else {}
+        return self.envelope(self.chunk_object_name, [choice], **extra)
+
+    def usage_chunk(self, outputs: list) -> dict:
+        return self.envelope(self.chunk_object_name, [], usage=self.usage(outputs))
+
     # The body shapes each subclass writes (chat.completion or text_completion, whole or streamed).
-    def first_chunk(self, include_usage: bool) -> dict | None:
+    def first_chunks(self, include_usage: bool) -> list[dict]:
         raise NotImplementedError
 
-    def chunk(self, output, include_usage: bool) -> dict | None:
+    def chunks(self, prompt_index: int, output, include_usage: bool) -> list[dict]:
+        """The streamed chunks (one choice each) for what output, of prompt prompt_index, adds."""
         raise NotImplementedError
 
-    def usage_chunk(self, output) -> dict:
-        raise NotImplementedError
-
-    def response(self, output) -> dict:
+    def response(self, outputs: list) -> dict:
+        """The whole body from each prompt's last output, in prompt order."""
         raise NotImplementedError
 
 
@@ -88,12 +135,28 @@ class ChatFormatter(ResponseFormatter):
         tokenizer,
         top_logprobs: int | None,
         tool_parser: ToolParser | None,
-        harmony: HarmonyParser | None = None,
+        n: int = 1,
+        harmony: HarmonyTokens | None = None,
     ):
-        super().__init__(model, tokenizer, top_logprobs)
-        self.tools = ToolCallFormatter(tool_parser) if tool_parser is not None else None
-        # gpt-oss's harmony channels -> reasoning_content and content (harmony.py), read from token ids
-        self.reasoning = ReasoningStream(harmony) if harmony is not None else None
+        super().__init__(model, tokenizer, top_logprobs, n)
+        self.tool_parser = tool_parser
+        self.tools: dict[int, ToolCallFormatter] = {}  # per choice
+        # gpt-oss's harmony channels -> reasoning_content and content (harmony.py), read from token ids;
+        # the parser keeps state per output, so each choice has its own
+        self.harmony = harmony if tool_parser is None else None
+        self.reasonings: dict[int, ReasoningStream] = {}  # per choice
+
+    def tool_formatter(self, index: int) -> ToolCallFormatter | None:
+        if self.tool_parser is None:
+            return None
+        return self.tools.setdefault(index, ToolCallFormatter(self.tool_parser))
+
+    def reasoning_stream(self, index: int) -> ReasoningStream | None:
+        if self.harmony is None:
+            return None
+        if index not in self.reasonings:
+            self.reasonings[index] = ReasoningStream(HarmonyParser(self.tokenizer, self.harmony))
+        return self.reasonings[index]
 
     def logprobs(self, ids: list[int], logprobs: list | None) -> dict | None:
         if logprobs is None or self.top_logprobs is None:
@@ -115,111 +178,80 @@ class ChatFormatter(ResponseFormatter):
             )
         return {"content": content}
 
-    def first_chunk(self, include_usage: bool) -> dict:
-        choice = {
-            "index": 0,
-            "delta": {"role": "assistant", "content": ""},
-            "logprobs": None,
-            "finish_reason": None,
-        }
-        return self._chunk([choice], include_usage)
+    def first_chunks(self, include_usage: bool) -> list[dict]:
+        return [
+            self.chunk_envelope(
+                {
+                    "index": index,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                },
+                include_usage,
+            )
+            for index in range(self.n)
+        ]
 
-    def chunk(self, output, include_usage: bool) -> dict | None:
-        text, ids, logprobs = self.take_delta(output)
-        finish_reason = output.outputs[0].finish_reason
+    def chunks(self, prompt_index: int, output, include_usage: bool) -> list[dict]:
+        out = []
+        for comp in output.outputs:
+            choice = self.choice_chunk(comp)
+            if choice is not None:
+                out.append(self.chunk_envelope(choice, include_usage))
+        return out
+
+    def choice_chunk(self, comp) -> dict | None:
+        text, ids, logprobs = self.take_delta(self.stream(comp.index), comp)
+        finish_reason = comp.finish_reason
         delta = {"content": text} if text else {}
-        if self.tools is not None:
-            delta, called = self.tools.delta(output.outputs[0].text, finish_reason is not None)
+        tools = self.tool_formatter(comp.index)
+        if tools is not None:
+            delta, called = tools.delta(comp.text, finish_reason is not None)
             finish_reason = "tool_calls" if called and finish_reason == "stop" else finish_reason
-        elif self.reasoning is not None:
-            delta = self.reasoning.delta(output.outputs[0].token_ids, finish_reason is not None)
-        parsed = self.tools is not None or self.reasoning is not None
+        else:
+            reasoning = self.reasoning_stream(comp.index)
+            if reasoning is not None:
+                delta = reasoning.delta(comp.token_ids, finish_reason is not None)
+        parsed = tools is not None or self.harmony is not None
         quiet = not ids or (parsed and self.top_logprobs is None)  # no empty deltas for a header's tokens
         if not delta and finish_reason is None and quiet:
             return None
-        choice = {
-            "index": 0,
+        return {
+            "index": comp.index,
             "delta": delta,
             "logprobs": self.logprobs(ids, logprobs),
             "finish_reason": finish_reason,
         }
-        return self._chunk([choice], include_usage)
 
-    def usage_chunk(self, output) -> dict:
-        return self.envelope(self.chunk_object_name, [], usage=self.usage(output))
-
-    def _chunk(self, choices: list[dict], include_usage: bool) -> dict:
-        extra = {"usage": None} if include_usage else {}
-        return self.envelope(self.chunk_object_name, choices, **extra)
-
-    def response(self, output) -> dict:
-        comp = output.outputs[0]
+    def message(self, comp) -> tuple[dict, str | None]:
+        """The whole message of one choice and its finish reason: tool calls read by the tool parser, or
+        harmony's channels as reasoning_content and content, else the text."""
         message, finish_reason = {"role": "assistant", "content": comp.text}, comp.finish_reason
-        if self.tools is not None:
-            message, called = self.tools.message(comp.text)
+        tools = self.tool_formatter(comp.index)
+        reasoning = self.reasoning_stream(comp.index)
+        if tools is not None:
+            message, called = tools.message(comp.text)
             finish_reason = "tool_calls" if called and finish_reason == "stop" else finish_reason
-        elif self.reasoning is not None:
-            split = self.reasoning.parser.split(comp.token_ids, is_finished=True)
+        elif reasoning is not None:
+            split = reasoning.parser.split(comp.token_ids, is_finished=True)
             message |= {"content": split.content, "reasoning_content": split.reasoning}
-        choice = {
-            "index": 0,
-            "message": message,
-            "logprobs": self.logprobs(comp.token_ids, comp.logprobs),
-            "finish_reason": finish_reason,
-            "stop_reason": comp.stop_reason,
-        }
-        return self.envelope(self.object_name, [choice], usage=self.usage(output))
+        return message, finish_reason
 
-
-class CompletionFormatter(ResponseFormatter):
-    object_name = "text_completion"
-    chunk_object_name = "text_completion"
-    id_prefix = "cmpl"
-
-    def __init__(self, model: str, tokenizer, top_logprobs: int | None):
-        super().__init__(model, tokenizer, top_logprobs)
-        self.text_offset = 0
-
-    def logprobs(self, ids: list[int], logprobs: list | None) -> dict | None:
-        if logprobs is None or self.top_logprobs is None:
-            return None
-        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for tid, entries in zip(ids, logprobs, strict=True):
-            token = self.token_text(tid, entries.get(tid))
-            out["tokens"].append(token)
-            out["token_logprobs"].append(entries[tid].logprob)
-            out["top_logprobs"].append({self.token_text(a, lp): lp.logprob for a, lp in self.ranked(entries)})
-            out["text_offset"].append(self.text_offset)
-            self.text_offset += len(token)
-        return out
-
-    def first_chunk(self, include_usage: bool) -> None:
-        return None
-
-    def chunk(self, output, include_usage: bool) -> dict | None:
-        text, ids, logprobs = self.take_delta(output)
-        finish_reason = output.outputs[0].finish_reason
-        if not text and not ids and finish_reason is None:
-            return None
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": self.logprobs(ids, logprobs),
-            "finish_reason": finish_reason,
-        }
-        extra = {"usage": None} if include_usage else {}
-        return self.envelope(self.chunk_object_name, [choice], **extra)
-
-    def usage_chunk(self, output) -> dict:
-        return self.envelope(self.chunk_object_name, [], usage=self.usage(output))
-
-    def response(self, output) -> dict:
-        comp = output.outputs[0]
-        choice = {
-            "index": 0,
-            "text": comp.text,
-            "logprobs": self.logprobs(comp.token_ids, comp.logprobs),
-            "finish_reason": comp.finish_reason,
-            "stop_reason": comp.stop_reason,
-        }
-        return self.envelope(self.object_name, [choice], usage=self.usage(output))
+    def response(self, outputs: list) -> dict:
+        (output,) = outputs  # a chat request has one prompt
+        choices = []
+        for comp in output.outputs:
+            message, finish_reason = self.message(comp)
+            choices.append(
+                {
+                    "index": comp.index,
+                    "message": message,
+                    "logprobs": self.logprobs(comp.token_ids, comp.logprobs),
+                    "finish_reason": finish_reason,
+                    "stop_reason": comp.stop_reason,
+                }
+            )
+        extra = {"prompt_logprobs": prompt_logprobs_json(output.prompt_logprobs)}
+        if extra["prompt_logprobs"] is None:
+            extra = {}
+        return self.envelope(self.object_name, choices, usage=self.usage(outputs), **extra)

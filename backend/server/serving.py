@@ -1,49 +1,47 @@
 """The OpenAI routes: /v1/models, /v1/completions, /v1/chat/completions.
 
-Each request is tokenized here, off the event loop (chat template included, so usage counts are exact),
-checked against the context length, then admitted by the engine (input checks and the waiting-queue
-limit) before any response starts, so a refused request gets its 4xx/503 even when it asked to stream.
-It then runs as a ``Job``; a job whose client goes away is aborted at once, which frees its KV blocks.
+Each request takes its place in its client's waiting share (one place per prompt), is bounded by the
+input limits before it is tokenized (a batch of prompts or a conversation as a whole), tokenized off the
+event loop (chat template included, so usage counts are exact), checked against the context length, its
+grammar compiled off the engine thread, then admitted by the engine (input checks and the waiting-queue
+limit, a batch all at once or not at all) before any response starts, so a refused request gets its
+4xx/503 even when it asked to stream. It then runs as a ``Job`` (job.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Annotated
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response
 
-from backend.engine.exceptions import EngineDeadError, EngineGenerateError, EngineOverloadedError
+from backend.engine.exceptions import EngineDeadError, EngineOverloadedError
+from backend.server.chat_prompt import chat_options, chat_prompt_ids
+from backend.server.completion_batch import completion_prompts, echo_texts
+from backend.server.completion_response import CompletionFormatter
 from backend.server.engine_provider import EngineProvider
-from backend.server.errors import OpenAIError, error_body
+from backend.server.errors import OpenAIError
 from backend.server.fairness import ClientLine, WaitingTicket, client_id
-from backend.server.harmony import HarmonyParser
-from backend.server.limits import InputLimits, check_tools, engine_input_limits
+from backend.server.harmony import HarmonyTokens
+from backend.server.job import Job, run_job
+from backend.server.limits import InputLimits, LimitExceeded, check_tools, engine_input_limits
 from backend.server.metrics import ServerMetrics
 from backend.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    message_dicts,
     message_texts,
+    prompt_batch,
     refuse_unsupported,
     sampling_params,
-    single_prompt,
 )
 from backend.server.request_body import body_schema, json_body
-from backend.server.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
+from backend.server.responses import ChatFormatter, ResponseFormatter
 from backend.server.structured import structured_outputs_params
-from backend.server.tools import (
-    render_messages,
-    resolve_tool_choice,
-    template_renders_tools,
-    tool_constraint,
-    tool_parser,
-)
+from backend.server.tool_parsers import ToolParser
+from backend.server.tools import resolve_tool_choice, tool_constraint, tool_parser
 
 if TYPE_CHECKING:
     from backend.engine.async_llm import AsyncLLM
@@ -66,13 +64,20 @@ class ServingContext:
         return await engine_input_limits(engine, self.max_input_tokens)
 
     @contextmanager
-    def waiting(self, request: Request) -> Iterator[WaitingTicket | None]:
-        """The request's place in its client's share until it starts (admit() hands it to the Job);
-        given back here if the request is refused on the way."""
+    def waiting(self, request: Request, num_prompts: int = 1) -> Iterator[WaitingTicket | None]:
+        """The request's places in its client's share (one per prompt) until they start (admit() hands
+        them to the Job); given back here if the request is refused on the way."""
         ticket = None
         if self.clients is not None:
+            share = self.clients.max_waiting_per_client
+            if num_prompts > share:  # it could never be admitted
+                raise LimitExceeded(
+                    f"a batch of {num_prompts:,} prompts is more than one client may have waiting "
+                    f"({share:,}); send at most {share:,} prompts per request",
+                    "prompt",
+                )
             peer = request.client.host if request.client else None
-            ticket = self.clients.enter(client_id(peer, request.headers, self.forwarded_hops))
+            ticket = self.clients.enter(client_id(peer, request.headers, self.forwarded_hops), num_prompts)
         try:
             yield ticket
         except BaseException:
@@ -80,19 +85,30 @@ class ServingContext:
                 ticket.leave()
             raise
 
-    def limit_max_tokens(self, requested: int | None, params):
-        """Within max_tokens_limit: a larger explicit max_tokens is a 400; an unset one is capped."""
+    def limit_max_tokens(self, requested: int | None, params, num_choices: int = 1):
+        """Within max_tokens_limit, which caps the output tokens of all of a request's choices together
+        (prompts times n): a larger explicit max_tokens is a 400; an unset one is capped."""
         limit = self.max_tokens_limit
-        if limit is None or params.max_tokens <= limit:
+        if limit is None or params.max_tokens * num_choices <= limit:
             return params
-        if requested is not None:
+        if limit < num_choices:
             raise OpenAIError(
                 400,
-                f"max_tokens must be at most {limit} on this public server, got {requested}",
+                f"a request may have at most {limit} choices (prompts times n) on this public server, "
+                f"got {num_choices}",
+                "invalid_value",
+                "n",
+            )
+        if requested is not None:
+            per_choice = f" for each of {num_choices} choices (prompts times n)" if num_choices > 1 else ""
+            raise OpenAIError(
+                400,
+                f"max_tokens must be at most {limit // num_choices}{per_choice} on this public server, "
+                f"got {requested}",
                 "invalid_value",
                 "max_tokens",
             )
-        return replace(params, max_tokens=limit)
+        return replace(params, max_tokens=limit // num_choices)
 
     def model_name(self, engine: AsyncLLM) -> str:
         return self.served_model_name or engine.model_name
@@ -126,121 +142,25 @@ class ServingContext:
     def admit(
         self,
         engine,
-        prompt_ids: list[int],
-        params,
+        prompts: list[tuple[list[int], object]],
         formatter: ResponseFormatter,
-        include_usage,
+        usage: bool,
         ticket: WaitingTicket | None = None,
-    ):
-        """Hand the request to the engine now, so that a refusal is an HTTP error before any stream."""
+    ) -> Job:
+        """Hand the request's prompts ((token ids, SamplingParams) each, grammars compiled) to the engine
+        now, all or none, so that a refusal is an HTTP error before any stream."""
+        ids = [formatter.id] if len(prompts) == 1 else [f"{formatter.id}-{i}" for i in range(len(prompts))]
+        batch = [(rid, ids_, params, None) for rid, (ids_, params) in zip(ids, prompts, strict=True)]
         try:
-            collector = engine.add_request(
-                formatter.id, prompt_ids, params, max_waiting_requests=self.max_waiting_requests
-            )
+            collectors = engine.add_requests(batch, max_waiting_requests=self.max_waiting_requests)
         except ValueError as exc:
             raise OpenAIError(400, str(exc)) from None
         except EngineOverloadedError as exc:
             raise OpenAIError(503, str(exc), "queue_full", headers={"Retry-After": "1"}) from None
         except EngineDeadError as exc:
             raise OpenAIError(503, str(exc), "engine_dead", headers={"Retry-After": "5"}) from None
-        return Job(self, engine, collector, formatter, include_usage, ticket)
-
-
-class Job:
-    """One admitted request on the engine, with its metrics; aborted if not finished when dropped."""
-
-    def __init__(self, ctx: ServingContext, engine, collector, formatter, include_usage: bool, ticket=None):
-        self.engine = engine
-        self.collector = collector
-        self.formatter: ResponseFormatter = formatter
-        self.include_usage = include_usage
-        self.request_id = formatter.id
-        self.recorder = ctx.metrics.recorder(formatter.model)
-        self.ticket: WaitingTicket | None = ticket
-        if ticket is not None:  # a stream that never starts gives its place back when it is dropped
-            ticket.hold_until_collected(self)
-
-    def started(self) -> None:
-        if self.ticket is not None:
-            self.ticket.leave()
-
-    async def outputs(self) -> AsyncIterator:
-        last, reason = None, "abort"
-        stream = self.engine.outputs(self.request_id, self.collector)
-        try:
-            async for out in stream:
-                self.started()  # its first output: no longer waiting
-                self.recorder.on_output(out)
-                last = out
-                yield out
-            if last is not None and last.finished:
-                reason = last.outputs[0].finish_reason
-        except EngineGenerateError:
-            reason = "error"
-            raise
-        finally:
-            self.started()
-            await stream.aclose()  # closing the engine's stream early aborts the request, freeing its blocks
-            self.recorder.on_finish(last, reason)
-
-    async def collect(self) -> dict:
-        last = None
-        async for out in self.outputs():
-            last = out
-        return self.formatter.response(last)
-
-    async def sse(self) -> AsyncIterator[str]:
-        first = self.formatter.first_chunk(self.include_usage)
-        if first is not None:
-            yield _sse(first)
-        last = None
-        try:
-            async for out in self.outputs():
-                last = out
-                chunk = self.formatter.chunk(out, self.include_usage)
-                if chunk is not None:
-                    yield _sse(chunk)
-            if self.include_usage:
-                yield _sse(self.formatter.usage_chunk(last))
-        except EngineDeadError as exc:  # the status line is sent: tell the client in-band, as vLLM does
-            yield _sse(error_body(503, str(exc), "engine_dead"))
-        except Exception as exc:  # boundary: the engine failed this request mid-stream
-            yield _sse(error_body(500, f"{type(exc).__name__}: {exc}"))
-        yield "data: [DONE]\n\n"
-
-
-def _sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
-
-
-async def _until_disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def run_job(request: Request, job: Job, stream: bool) -> Response:
-    if stream:
-        return StreamingResponse(
-            job.sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
-    work = asyncio.ensure_future(job.collect())
-    watcher = asyncio.ensure_future(_until_disconnected(request))
-    await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    if not work.done():  # the client left: cancelling the work aborts the request
-        work.cancel()
-        await asyncio.gather(work, return_exceptions=True)
-        return Response(status_code=499)
-    watcher.cancel()
-    try:
-        return JSONResponse(work.result())
-    except EngineGenerateError as exc:
-        raise OpenAIError(500, f"The engine failed this request: {exc}", "engine_error") from None
-    except EngineDeadError as exc:
-        raise OpenAIError(503, str(exc), "engine_dead", headers={"Retry-After": "5"}) from None
-
-
-def encode(tokenizer, text: str) -> list[int]:
-    return list(tokenizer(text)["input_ids"])
+        streams = list(zip(ids, collectors, strict=True))
+        return Job(self.metrics, engine, streams, formatter, usage, ticket)
 
 
 async def compile_grammar(engine, params, param: str) -> None:
@@ -251,24 +171,30 @@ async def compile_grammar(engine, params, param: str) -> None:
         raise OpenAIError(400, f"Invalid {param}: {exc}", "invalid_grammar", param) from None
 
 
-def chat_prompt_ids(tokenizer, req: ChatCompletionRequest) -> list[int]:
-    if not getattr(tokenizer, "chat_template", None):
-        raise OpenAIError(
-            400, "This model has no chat template; use /v1/completions instead.", "no_chat_template"
-        )
-    tools = [t.model_dump() for t in req.tools] if req.tools else None
-    native = template_renders_tools(tokenizer)
-    messages = render_messages(message_dicts(req.messages), req.tools, native)
-    effort = {"reasoning_effort": req.reasoning_effort} if req.reasoning_effort else {}  # others ignore it
-    try:
-        text = tokenizer.apply_chat_template(
-            messages, tools=tools if native else None, tokenize=False, add_generation_prompt=True, **effort
-        )
-    except Exception as exc:  # the template's own checks, e.g. roles that must alternate
-        raise OpenAIError(
-            400, f"The chat template rejected the messages: {exc}", "invalid_messages"
-        ) from None
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+async def prepare_chat(
+    ctx: ServingContext, engine, req: ChatCompletionRequest, top_logprobs: int | None, limits: InputLimits
+):
+    """(prompt ids, SamplingParams, tool parser) of a chat request: tools within their limits, tool choice
+    and its constraint or the response format, the messages bounded before the chat template, the
+    context, input-cap and max_tokens checks (over all n choices), the compiled grammar.
+    /v1/chat/completions and /v1/responses both go through here."""
+    check_tools(req.tools)
+    tool_choice = resolve_tool_choice(req.tools, req.tool_choice)
+    parser: ToolParser | None = tool_parser(tool_choice, ctx.tool_call_parser, ctx.enable_auto_tool_choice)
+    structured = structured_outputs_params(req.response_format, req.structured_outputs)
+    param = "structured_outputs" if req.structured_outputs else "response_format"
+    if tool_choice == "required" or not isinstance(tool_choice, str):
+        if structured is not None:
+            raise OpenAIError(400, "a forced tool_choice cannot be combined with " + param, param=param)
+        structured, param = tool_constraint(req.tools, tool_choice, req.parallel_tool_calls), "tools"
+    limits.check_count(len(req.messages), "messages", "messages")
+    limits.check_text(message_texts(req.messages, req.tools), "messages")
+    ids = await engine.run_in_tokenizer(chat_prompt_ids, engine.tokenizer, req, chat_options(req))
+    limits.check_tokens(len(ids), "messages")
+    params = sampling_params(req, len(ids), engine.max_model_len, top_logprobs, structured)
+    params = ctx.limit_max_tokens(req.max_completion_tokens or req.max_tokens, params, req.n)
+    await compile_grammar(engine, params, param)
+    return ids, params, parser
 
 
 def openai_router(ctx: ServingContext) -> APIRouter:
@@ -293,22 +219,23 @@ def openai_router(ctx: ServingContext) -> APIRouter:
     ) -> Response:
         engine = ctx.engine(req.model)
         refuse_unsupported(req)
-        prompt = single_prompt(req.prompt)
-        with ctx.waiting(request) as ticket:
+        structured = structured_outputs_params(req.response_format, req.structured_outputs)
+        param = "structured_outputs" if req.structured_outputs else "response_format"
+        with ctx.waiting(request, len(prompt_batch(req.prompt))) as ticket:
             limits = await ctx.input_limits(engine)
-            if isinstance(prompt, list):
-                ids = list(prompt)
-            else:  # bounded first, then tokenized off the event loop
-                limits.check_text(prompt)
-                ids = await engine.run_in_tokenizer(encode, engine.tokenizer, prompt)
-            limits.check_tokens(len(ids))
-            structured = structured_outputs_params(req.response_format, req.structured_outputs)
-            params = sampling_params(req, len(ids), engine.max_model_len, req.logprobs, structured)
-            params = ctx.limit_max_tokens(req.max_tokens, params)
-            param = "structured_outputs" if req.structured_outputs else "response_format"
-            await compile_grammar(engine, params, param)
-            formatter = CompletionFormatter(ctx.model_name(engine), engine.tokenizer, req.logprobs)
-            job = ctx.admit(engine, ids, params, formatter, _usage(req), ticket)
+            prompts = await completion_prompts(engine, req, structured, limits, ctx.limit_max_tokens)
+            for prompt in prompts:  # one shared grammar: compiled once, then a no-op
+                await compile_grammar(engine, prompt.params, param)
+            formatter = CompletionFormatter(ctx.model_name(engine), engine.tokenizer, req.logprobs, req.n)
+            batch = [(p.token_ids, p.params) for p in prompts]
+            job = ctx.admit(engine, batch, formatter, _usage(req), ticket)
+        if req.echo:  # token ids are decoded once the engine has accepted them as in its vocabulary
+            try:
+                formatter.echo_prompts = await echo_texts(engine, prompts)
+            except BaseException:
+                job.abort()
+                raise
+            formatter.echo_only = req.max_tokens == 0
         return await run_job(request, job, req.stream)
 
     @router.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
@@ -317,28 +244,13 @@ def openai_router(ctx: ServingContext) -> APIRouter:
     ) -> Response:
         engine = ctx.engine(req.model)
         refuse_unsupported(req)
-        check_tools(req.tools)
-        tool_choice = resolve_tool_choice(req.tools, req.tool_choice)
-        parser = tool_parser(tool_choice, ctx.tool_call_parser, ctx.enable_auto_tool_choice)
-        structured = structured_outputs_params(req.response_format, req.structured_outputs)
-        param = "structured_outputs" if req.structured_outputs else "response_format"
-        if tool_choice == "required" or not isinstance(tool_choice, str):
-            if structured is not None:
-                raise OpenAIError(400, "a forced tool_choice cannot be combined with " + param, param=param)
-            structured, param = tool_constraint(req.tools, tool_choice, req.parallel_tool_calls), "tools"
         with ctx.waiting(request) as ticket:
             limits = await ctx.input_limits(engine)
-            limits.check_count(len(req.messages), "messages", "messages")
-            limits.check_text(message_texts(req.messages, req.tools), "messages")
-            ids = await engine.run_in_tokenizer(chat_prompt_ids, engine.tokenizer, req)
-            limits.check_tokens(len(ids), "messages")
             top = (req.top_logprobs or 0) if req.logprobs else None
-            params = sampling_params(req, len(ids), engine.max_model_len, top, structured)
-            params = ctx.limit_max_tokens(req.max_completion_tokens or req.max_tokens, params)
-            await compile_grammar(engine, params, param)
-            harmony = HarmonyParser.for_tokenizer(engine.tokenizer) if parser is None else None
-            formatter = ChatFormatter(ctx.model_name(engine), engine.tokenizer, top, parser, harmony)
-            job = ctx.admit(engine, ids, params, formatter, _usage(req), ticket)
+            ids, params, parser = await prepare_chat(ctx, engine, req, top, limits)
+            harmony = HarmonyTokens.of(engine.tokenizer)  # gpt-oss: reasoning_content beside content
+            formatter = ChatFormatter(ctx.model_name(engine), engine.tokenizer, top, parser, req.n, harmony)
+            job = ctx.admit(engine, [(ids, params)], formatter, _usage(req), ticket)
         return await run_job(request, job, req.stream)
 
     return router

@@ -14,8 +14,8 @@ from typing import Any
 
 from backend.engine.grammar_limits import DEFAULT_LIMITS
 from backend.engine.sampling_params import SamplingParams, StructuredOutputsParams
+from backend.server.chat_prompt import chat_prompt_ids
 from backend.server.protocol import ChatCompletionRequest
-from backend.server.serving import chat_prompt_ids
 from backend.server.tool_calls import ToolCallFormatter
 from backend.server.tools import Tool, resolve_tool_choice, tool_constraint, tool_parser
 

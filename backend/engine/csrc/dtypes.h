@@ -105,6 +105,25 @@ inline float fast_exp(float x) {
     return p * __builtin_bit_cast(float, (n + 127) << 23);
 }
 
+// tanh(x) in plain arithmetic the compiler vectorizes (selects, no branches): the odd Taylor series to x^17 below
+// |x| = 0.4 (truncation error under 1e-10 there), else 1 - 2 / (exp(2 |x|) + 1) with fast_exp (relative error
+// under 3e-7 at 0.4, falling with |x|; exactly +-1 from |x| about 9, as fp32 rounds tanh there)
+inline float fast_tanh(float x) {
+    const float a = x < 0.0f ? -x : x, a2 = a * a;
+    float p = 6404582.0f / 10854718875.0f;
+    p = p * a2 - 929569.0f / 638512875.0f;
+    p = p * a2 + 21844.0f / 6081075.0f;
+    p = p * a2 - 1382.0f / 155925.0f;
+    p = p * a2 + 62.0f / 2835.0f;
+    p = p * a2 - 17.0f / 315.0f;
+    p = p * a2 + 2.0f / 15.0f;
+    p = p * a2 - 1.0f / 3.0f;
+    const float small = a + a * a2 * p;
+    const float large = 1.0f - 2.0f / (fast_exp(2.0f * a) + 1.0f);
+    const float t = a < 0.4f ? small : large;
+    return x < 0.0f ? -t : t;
+}
+
 // sum of a[i] * b[i] over n floats; n a multiple of 16 takes the vector path where the build has one
 #if defined(__AVX512F__)
 #include <immintrin.h>

@@ -25,6 +25,7 @@
 
 #include "dtypes.h"
 #include "lanes16.h"
+#include "moe.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -198,7 +199,16 @@ extern "C" void gemm_bf16_silu_and_mul(const BFloat16 *x, const uint16_t *packed
     }
 }
 
+// panels [first, last) of one expert's product for csrc/moe.cpp (inside its OpenMP region): the expert's
+// weights packed on their own (cpu_kernels.gemm_bf16_pack of [n, k]), its rows of x
+extern "C" void moe_panels_gemm_bf16(const moe::ExpertGemm &e, int64_t first, int64_t last) {
+    const Gemm g{static_cast<const BFloat16 *>(e.x), reinterpret_cast<const uint16_t *>(e.w),
+                 static_cast<const BFloat16 *>(e.bias), e.y, e.rows, e.n, e.k / 2, e.ldy, false, false};
+    run(g, first, last);
+}
+
 #else
+extern "C" void moe_panels_gemm_bf16(const moe::ExpertGemm &, int64_t, int64_t) {}
 extern "C" int gemm_bf16_available() { return 0; }
 extern "C" int gemm_amx_ready() { return 0; }
 extern "C" void gemm_amx_set_min_rows(int64_t) {}

@@ -2,13 +2,13 @@
 // kernels: block_q4_0x8), in the same bytes, for CPUs with AVX512_BF16:
 //   y [rows, n] (row stride ldy) = x [rows, k] @ W^T (+ bias), bf16 x and y, fp32 sums (float_out: y is
 //   fp32 holding the bf16 values, as the logits are sampled; csrc/gemm_bf16.cpp's float_out).
-// GGUF Q4_0 / Q4_1 / Q8_0 (backend/engine/quantization/interleaved.py) and GPTQ / AWQ / compressed-tensors
-// 4- and 8-bit integers (quantization/group_scales.py; their scales and zeros stay beside the weights,
-// csrc/interleaved_kinds.h) share the layout: W's rows in panels of 16 (n a multiple of 16), each panel's
-// blocks of 32 weights in k order, a panel-block holding the 16 rows' blocks as
-//   GGUF only: d[16] (fp16), Q4_1 only: m[16] (fp16), then chunks of 32 bytes: 4-bit: 8, chunk c's byte
-//   2 r + e holding row r's weight 4 c + e in its low nibble and 4 c + 2 + e in its high one; 8-bit: 16,
-//   chunk c's byte 2 r + e holding row r's weight 2 c + e
+// GGUF Q4_0 / Q4_1 / Q8_0 (backend/engine/quantization/interleaved.py), MXFP4 (quantization/mxfp4.py) and
+// GPTQ / AWQ / compressed-tensors 4- and 8-bit integers (quantization/group_scales.py; their scales and
+// zeros stay beside the weights, csrc/interleaved_kinds.h) share the layout: W's rows in panels of 16 (n a
+// multiple of 16), each panel's blocks of 32 weights in k order, a panel-block holding the 16 rows' blocks as
+//   GGUF only: d[16] (fp16), Q4_1 only: m[16] (fp16), MXFP4 only: e[16] (e8m0 bytes), then chunks of 32
+//   bytes: 4-bit: 8, chunk c's byte 2 r + e holding row r's weight 4 c + e in its low nibble and 4 c + 2 + e
+//   in its high one; 8-bit: 16, chunk c's byte 2 r + e holding row r's weight 2 c + e
 // So a 4-bit chunk widened to 32 words and looked up in a nibble table (VPERMW on the index's low 5 bits)
 // is two vectors of 16 rows x a k-pair of exact bf16 integers, and an 8-bit chunk (through fp32: |q| <= 256
 // is exact in bf16) one: the layout VDPBF16PS reads against a broadcast k-pair of x (read in place), as
@@ -32,6 +32,7 @@
 
 #include "dtypes.h"
 #include "interleaved_kinds.h"
+#include "moe.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <omp.h>
@@ -107,7 +108,7 @@ void tile(const Call &c, int64_t row, int64_t panel, const uint8_t *prefetch, in
         }
         for (int v = 0; v < V; v++) {
             __m512 d, m;
-            group_scales<B::HAS_MIN>(c, c.w + (panel + v) * panel_bytes + g * c.group_bytes, panel + v, g, d, m);
+            group_scales<B>(c, c.w + (panel + v) * panel_bytes + g * c.group_bytes, panel + v, g, d, m);
             if constexpr (B::SCALE != 1.0f) d = _mm512_mul_ps(d, _mm512_set1_ps(B::SCALE));  // exact: a power of 2
             for (int r = 0; r < R; r++) acc[r][v] = _mm512_fmadd_ps(d, part[r][v], acc[r][v]);
             if constexpr (B::HAS_MIN)
@@ -227,7 +228,28 @@ void gemm(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, void *y, in
     }
 }
 
+// panels [first, last) of one expert's product for csrc/moe.cpp (inside its OpenMP region): the same strips,
+// over the expert's rows of x (Q4_1's block sums of them computed here)
+template <typename B>
+void moe_panels(const moe::ExpertGemm &e, int64_t first, int64_t last, int64_t head) {
+    const BFloat16 *x = static_cast<const BFloat16 *>(e.x);
+    std::vector<float> sums(B::HAS_MIN ? e.rows * (e.k / 32) : 0);
+    for (int64_t i = 0; i < int64_t(sums.size()); i++) sums[i] = block_sum(x + i * 32);
+    const Call c{x, e.w, static_cast<const BFloat16 *>(e.bias), e.y, sums.data(), e.rows, e.n, e.k, e.ldy, false,
+                 nullptr, head, head + B::CHUNKS * 32, 1};
+    strips<B>(c, first, last);
+}
+
 }  // namespace
+
+#define MOE_PANELS(NAME, KIND, HEAD)                                                                          \
+    extern "C" void moe_panels_interleaved_##NAME(const moe::ExpertGemm &e, int64_t first, int64_t last) { \
+        moe_panels<KIND>(e, first, last, HEAD);                                                              \
+    }
+MOE_PANELS(q4_0, Q4_0, 32)
+MOE_PANELS(q4_1, Q4_1, 64)
+MOE_PANELS(q8_0, Q8_0, 32)
+MOE_PANELS(mxfp4, Mxfp4, 16)
 
 #define INTERLEAVED(NAME, KIND, HEAD)                                                                          \
     extern "C" void interleaved_gemm_##NAME(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, void *y, \
@@ -263,6 +285,12 @@ extern "C" void interleaved_amx_set_min_rows(int64_t) {}
                                             int64_t, int64_t, int64_t, int64_t, const Groups *, int64_t) {}
 extern "C" int interleaved_available() { return 0; }
 extern "C" void interleaved_embedding_q8_0(const int64_t *, const uint8_t *, BFloat16 *, int64_t, int64_t) {}
+#define MOE_PANELS(NAME) \
+    extern "C" void moe_panels_interleaved_##NAME(const moe::ExpertGemm &, int64_t, int64_t) {}
+MOE_PANELS(q4_0)
+MOE_PANELS(q4_1)
+MOE_PANELS(q8_0)
+MOE_PANELS(mxfp4)
 #endif
 
 INTERLEAVED(q4_0, Q4_0, 32)
@@ -273,3 +301,4 @@ INTERLEAVED(w4_zp, W4Zp, 0)
 INTERLEAVED(w8, Q8_0, 0)
 INTERLEAVED(w8_zp, W8Zp, 0)
 INTERLEAVED(fp8, Fp8, 0)
+INTERLEAVED(mxfp4, Mxfp4, 16)  // a panel-block's header: the 16 rows' e8m0 bytes

@@ -38,7 +38,7 @@ void amx_tile(const Call &c, const BFloat16 *x, int64_t row, int64_t rows, int64
         }
         _tile_stored(0, part, 64);
         __m512 d, m;
-        group_scales<B::HAS_MIN>(c, c.w + panel * panel_bytes + g * c.group_bytes, panel, g, d, m);
+        group_scales<B>(c, c.w + panel * panel_bytes + g * c.group_bytes, panel, g, d, m);
         if constexpr (B::SCALE != 1.0f) d = _mm512_mul_ps(d, _mm512_set1_ps(B::SCALE));  // exact: a power of 2
         for (int r = 0; r < 16; r++) acc[r] = _mm512_fmadd_ps(d, _mm512_load_ps(part + 16 * r), acc[r]);
         if constexpr (B::HAS_MIN)

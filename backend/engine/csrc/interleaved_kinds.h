@@ -1,7 +1,7 @@
 // The block kinds csrc/interleaved.cpp's tiles multiply: how a 32-byte chunk of a 16-row panel becomes bf16
 // vectors (a decoder) and where each group's 16 scales come from (a scale source). A kind is one of each.
 //   GGUF (Q4_0, Q4_1, Q8_0): a panel-block opens with the 16 rows' fp16 d (Q4_1: then m); a group is one
-//     block of 32 weights.
+//     block of 32 weights. MXFP4 (csrc/mxfp4.h) the same, its header the 16 rows' e8m0 bytes.
 //   Packed (GPTQ, AWQ, compressed-tensors W4A16 / W8A16, re-laid out by quantization/group_scales.py): the
 //     chunks only; the checkpoint's scales [groups, n] (fp16, bf16 or fp32) and packed zeros [groups,
 //     n * bits / 8] (plain order: row j's field at bits * j of the row) beside them (Groups). Symmetric
@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "dtypes.h"
+#include "mxfp4.h"
 
 struct Groups {  // quantization/group_scales.py GroupArgs mirrors it field by field
     const void *scales;    // [groups, n], scale_dtype: 0 fp16, 1 bf16, 2 fp32
@@ -95,6 +96,28 @@ struct NibblesMinusZero {  // q - z, z per row and group (word 2 r + e of Zeros:
     }
 };
 
+// MXFP4 (csrc/mxfp4.h): a chunk laid out as Nibbles's, each nibble looked up as its doubled e2m1 value (an
+// exact bf16 integer); the panel-block's header holds the 16 rows' e8m0 bytes (Kind's E8M0), scaled by halves
+struct E2m1Nibbles {
+    static constexpr int CHUNKS = 8, PAIRS = 2, MANY_ROWS = 6;
+    static constexpr bool DECODE_ONCE = false;
+    static constexpr float SCALE = 1.0f;
+    using Zeros = NoZeros;
+    const __m512i table = e2m1_table();
+    static __m512i e2m1_table() {  // entry i: bf16 of KVALUES[i & 15]
+        alignas(64) uint16_t words[32];
+        for (int i = 0; i < 32; i++)
+            words[i] = uint16_t(__builtin_bit_cast(uint32_t, float(mxfp4::KVALUES[i & 15])) >> 16);
+        return _mm512_load_si512(words);
+    }
+    Zeros zeros(const Call &, int64_t, int64_t) const { return {}; }
+    void operator()(const uint8_t *chunk, const Zeros &, __m512bh *w) const {
+        const __m512i words = chunk_words(chunk);
+        w[0] = (__m512bh)_mm512_permutexvar_epi16(words, table);
+        w[1] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), table);
+    }
+};
+
 inline __m512bh bf16_pair(__m512i lo, __m512i hi) {  // int32 rows 0-7 and 8-15 (|v| <= 256: exact)
     return _mm512_cvtne2ps_pbh(_mm512_cvtepi32_ps(hi), _mm512_cvtepi32_ps(lo));
 }
@@ -155,13 +178,17 @@ inline __m512 half16(const void *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
 }
 
-// a group's 16 scales d (and Q4_1's mins m): GGUF from the panel-block's header, packed from the checkpoint's
-// scales [groups, n]
-template <bool MIN>
+// a group's 16 scales d (and Q4_1's mins m): GGUF from the panel-block's header (MXFP4: 16 e8m0 bytes),
+// packed from the checkpoint's scales [groups, n]
+template <typename B>
 void group_scales(const Call &c, const uint8_t *head, int64_t panel, int64_t g, __m512 &d, __m512 &m) {
+    if constexpr (B::E8M0) {
+        d = mxfp4::half_scales16(head);
+        return;
+    }
     if (c.groups == nullptr) {
         d = half16(head);
-        if constexpr (MIN) m = half16(head + 32);
+        if constexpr (B::HAS_MIN) m = half16(head + 32);
         return;
     }
     const int64_t i = g * c.n + panel * PANEL;
@@ -176,9 +203,10 @@ void group_scales(const Call &c, const uint8_t *head, int64_t panel, int64_t g, 
     }
 }
 
-template <typename Decoder, bool MIN>
+template <typename Decoder, bool MIN, bool E8M0_SCALES = false>
 struct Kind : Decoder {
     static constexpr bool HAS_MIN = MIN;
+    static constexpr bool E8M0 = E8M0_SCALES;  // MXFP4: the header's scales are e8m0 bytes
 };
 
 using Q4_0 = Kind<Nibbles<-8>, false>;  // and "w4": symmetric GPTQ / compressed-tensors
@@ -187,6 +215,7 @@ using Q8_0 = Kind<Bytes, false>;  // and "w8"
 using W4Zp = Kind<NibblesMinusZero, false>;
 using W8Zp = Kind<BytesMinusZero, false>;
 using Fp8 = Kind<Fp8Bytes, false>;
+using Mxfp4 = Kind<E2m1Nibbles, false, true>;
 
 }  // namespace
 #endif

@@ -1,6 +1,7 @@
 // Small fused CPU ops for the decoder layer, each replacing several torch ops whose dispatch overhead
-// (a few microseconds each) dominates small batches: RMSNorm, SiLU-and-multiply, RoPE with the KV-cache
-// write, greedy argmax, and a matrix-vector product over bf16 weights for batches of a few rows.
+// (a few microseconds each) dominates small batches: RMSNorm, SiLU-and-multiply, GELU(tanh)-and-multiply,
+// RoPE with the KV-cache write, greedy argmax, and a matrix-vector product over bf16 weights for batches of a
+// few rows.
 // Arithmetic follows transformers': fp32 inside, rounded to the storage type where transformers rounds.
 // The row loops are plain C++ that GCC vectorizes for any -march; where the build has AVX-512 (BW, VL) the
 // norms and SiLU take explicit 16-lane paths instead (10-15% faster: bf16 rounding in one instruction on
@@ -121,6 +122,43 @@ void silu_and_mul(const T *gate_up, T *out, int64_t rows, int64_t dim) {
     }
 }
 
+// out [dim] = gelu_tanh(gate [dim]) * up [dim], the gelu rounded to T as torch rounds F.gelu(approximate="tanh")'s
+// output (Gemma's gelu_pytorch_tanh), computed as torch's CPU kernel computes it: 0.5 x (1 + tanh(sqrt(2 / pi)
+// (x + 0.044715 x^3))) in fp32, each operation rounded (no contraction), with fast_tanh (dtypes.h) for tanh (so
+// that, as torch's, the result is 0 where tanh rounds to -1). Chunks of CHUNK floats in two loops, as silu's.
+template <typename T>
+__attribute__((optimize("fp-contract=off"))) inline void gelu_tanh_and_mul_row(const T *__restrict gate,
+                                                                                const T *__restrict up,
+                                                                                T *__restrict out, int64_t dim) {
+    constexpr float beta = float(0.7978845608028654), kappa = 0.044715f;  // sqrt(2 / pi), torch's kBeta, kKappa
+    constexpr int64_t CHUNK = 64;
+    float t[CHUNK];
+    for (int64_t begin = 0; begin < dim; begin += CHUNK) {
+        const int64_t n = dim - begin < CHUNK ? dim - begin : CHUNK;
+        const T *__restrict g = gate + begin, *__restrict u = up + begin;
+        T *__restrict o = out + begin;
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) {
+            const float x = to_float(g[i]);
+            t[i] = fast_tanh(beta * (x + kappa * (x * x * x)));
+        }
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) {
+            const float x = to_float(g[i]);
+            store(o[i], round_to<T>(0.5f * x * (1.0f + t[i])) * to_float(u[i]));
+        }
+    }
+}
+
+// out [rows, dim] = gelu_tanh(gate_up[:, :dim]) * gate_up[:, dim:]
+template <typename T>
+void gelu_tanh_and_mul(const T *gate_up, T *out, int64_t rows, int64_t dim) {
+#pragma omp parallel for schedule(static) if (rows > 1 && rows * dim >= PARALLEL_MIN_ELEMENTS)
+    for (int64_t r = 0; r < rows; r++) {
+        gelu_tanh_and_mul_row(gate_up + r * 2 * dim, gate_up + r * 2 * dim + dim, out + r * dim, dim);
+    }
+}
+
 // One head x [D] rotated in place: lo = x[:half], hi = x[half:], cos/sin rows c and s [D]:
 // x * cos + cat(-hi, lo) * sin, each product rounded to T as torch rounds it, then the sum.
 template <typename T>
@@ -148,24 +186,28 @@ inline void store_scaled(C *__restrict out, const T *__restrict x, int64_t D, fl
     }
 }
 
-// qkv [tokens, (heads + 2 * kv_heads) * D], the fused projection's output: rotates the q and k heads in
-// place (rotate-half RoPE, cos/sin tables [positions, D] with both halves filled, as transformers builds
-// them) and copies each token's k and v heads into pool slot slots[t] of k/v_cache [kv_heads, pool, D]
-// (an fp8 pool stores k / k_scale and v / v_scale, clamped to +-limit, as attention.py's write_kv_cache).
-// No multiply-add contraction here: in fp32 the two products are rounded before their sum, as torch does.
+// qkv [tokens, (heads + 2 * kv_heads) * D], the fused projection's output: rotates the first rotary_dim
+// elements of the q and k heads in place (rotate-half RoPE within them, cos/sin tables [positions,
+// rotary_dim] with both halves filled, as transformers builds them; the rest pass, as Phi-3's partial rotary;
+// rotary_dim 0: none, a NoPE layer, the tables not read) and copies each token's k and v heads into pool
+// slot slots[t] of k/v_cache [kv_heads, pool, D] (an fp8 pool stores k / k_scale and v / v_scale, clamped to
+// +-limit, as attention.py's write_kv_cache). No multiply-add contraction here: in fp32 the two products are
+// rounded before their sum, as torch does.
 template <typename T, typename C>
 __attribute__((optimize("fp-contract=off"))) void rope_and_cache(
     T *qkv, const int64_t *positions, const T *cos, const T *sin, const int64_t *slots, C *k_cache, C *v_cache,
-    int64_t tokens, int64_t heads, int64_t kv_heads, int64_t D, int64_t pool_slots, float k_scale, float v_scale,
-    float limit) {
-    const int64_t half = D / 2, width = (heads + 2 * kv_heads) * D;
+    int64_t tokens, int64_t heads, int64_t kv_heads, int64_t D, int64_t pool_slots, int64_t rotary_dim,
+    float k_scale, float v_scale, float limit) {
+    const int64_t half = rotary_dim / 2, width = (heads + 2 * kv_heads) * D;
 #pragma omp parallel for schedule(static) if (tokens > 1 && tokens * width >= PARALLEL_MIN_ELEMENTS)
     for (int64_t t = 0; t < tokens; t++) {
-        const T *c = cos + positions[t] * D, *s = sin + positions[t] * D;
         T *row = qkv + t * width;
-        for (int64_t h = 0; h < heads + kv_heads; h++) {
-            T *x = row + h * D;
-            rope_head(x, x + half, c, c + half, s, s + half, half);
+        if (half > 0) {
+            const T *c = cos + positions[t] * rotary_dim, *s = sin + positions[t] * rotary_dim;
+            for (int64_t h = 0; h < heads + kv_heads; h++) {
+                T *x = row + h * D;
+                rope_head(x, x + half, c, c + half, s, s + half, half);
+            }
         }
         for (int64_t h = 0; h < kv_heads; h++) {
             const int64_t slot = (h * pool_slots + slots[t]) * D;
@@ -248,6 +290,12 @@ void silu_and_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t di
 void silu_and_mul_bf16(const BFloat16 *gate_up, BFloat16 *out, int64_t rows, int64_t dim) {
     silu_and_mul(gate_up, out, rows, dim);
 }
+void gelu_tanh_and_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t dim) {
+    gelu_tanh_and_mul(gate_up, out, rows, dim);
+}
+void gelu_tanh_and_mul_bf16(const BFloat16 *gate_up, BFloat16 *out, int64_t rows, int64_t dim) {
+    gelu_tanh_and_mul(gate_up, out, rows, dim);
+}
 void argmax_f32(const float *x, int64_t *out, int64_t rows, int64_t n) { argmax_rows(x, out, rows, n); }
 void argmax_bf16(const BFloat16 *x, int64_t *out, int64_t rows, int64_t n) { argmax_rows(x, out, rows, n); }
 
@@ -271,12 +319,12 @@ void linear_bf16_small(const BFloat16 *x, const BFloat16 *weight, const BFloat16
 }
 }
 
-#define EXPORT_ROPE_AND_CACHE(SUFFIX, T, C)                                                               \
-    extern "C" void rope_and_cache_##SUFFIX(T *qkv, const int64_t *pos, const T *cos, const T *sin,         \
-                                            const int64_t *slots, C *k, C *v, int64_t tokens, int64_t heads, \
-                                            int64_t kv_heads, int64_t D, int64_t pool_slots, float k_scale, \
-                                            float v_scale, float limit) {                                    \
-        rope_and_cache(qkv, pos, cos, sin, slots, k, v, tokens, heads, kv_heads, D, pool_slots, k_scale,     \
-                       v_scale, limit);                                                                      \
+#define EXPORT_ROPE_AND_CACHE(SUFFIX, T, C)                                                                \
+    extern "C" void rope_and_cache_##SUFFIX(T *qkv, const int64_t *pos, const T *cos, const T *sin,          \
+                                            const int64_t *slots, C *k, C *v, int64_t tokens, int64_t heads,  \
+                                            int64_t kv_heads, int64_t D, int64_t pool_slots, int64_t rotary_dim, \
+                                            float k_scale, float v_scale, float limit) {                     \
+        rope_and_cache(qkv, pos, cos, sin, slots, k, v, tokens, heads, kv_heads, D, pool_slots, rotary_dim,   \
+                       k_scale, v_scale, limit);                                                              \
     }
 FOR_EACH_KV_TYPE(EXPORT_ROPE_AND_CACHE)

@@ -8,7 +8,9 @@
 //                                     values as v / v_scale: k_scale is folded into scale, v_scale applied
 //                                     to the output)
 //   block_tables  [T, max_blocks]     int64 block ids of each query's sequence
-//   context_lens  [T]                 int64: keys at positions 0 .. len-1 are attended
+//   context_lens  [T]                 int64: keys at positions 0 .. len-1 are attended (the query is at len-1)
+//   features      a sliding window (only keys len - W .. len - 1 are read), a soft-cap, sinks
+//                 (attention_features.h); all off: plain attention over the whole context
 // Query heads h = kvh * G + g share KV head kvh (G = H / KVH), as in GQA. Work is split over
 // (token, KV head) pairs with OpenMP (torch's own runtime, already loaded); scores, softmax and the
 // weighted sum of values are computed in fp32 whatever the storage type. No torch headers: it builds
@@ -21,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention_features.h"
 #include "dtypes.h"
 #include "quant_vec.h"
 
@@ -214,10 +217,11 @@ inline const float *as_floats(const C *x, float *buffer, int64_t n) {
     }
 }
 
-// Where a sequence's positions lie in the pool: tiles of up to MAX_TILE consecutive positions within a block
+// Where a sequence's positions lie in the pool: tiles of up to MAX_TILE consecutive positions within a block,
+// from position start (0, or where a sliding window begins) to len - 1
 struct Tiles {
     const int64_t *table;
-    int64_t len, block_size, tile, pool_base, D;
+    int64_t len, block_size, tile, pool_base, D, start;
     // first pool element of the tile starting at position begin, and its size n
     int64_t at(int64_t begin, int64_t &n) const {
         const int64_t offset = begin % block_size;
@@ -226,17 +230,34 @@ struct Tiles {
     }
 };
 
-// One (token, KV head) pair: its G query heads against the sequence's keys, a tile (one block, or part of
-// one) at a time: each tile of keys, then of values, is converted to fp32 once and used by all G heads
-// while it is in cache (fp32 tiles, and bf16 keys on a CPU with AVX512_BF16, are read as they are). Scores
-// of the whole context, then an exact softmax (max, exp, sum, divide), then the probability-weighted
-// values: the arithmetic of the reference softmax, in fp32. While one tile's keys are scored, the keys
-// KEYS_AHEAD tiles on and this tile's values are prefetched; while the values are summed, the first
-// next_size keys at next (the pair this thread does next, or null).
+// The softmax of one head's scores s [n] in place (max, exp, sum, divide), a sink logit (or -infinity)
+// joining the max and the denominator
+inline void softmax(float *s, int64_t n, float sink) {
+    float top = sink, sum = 0.0f;
+    for (int64_t p = 0; p < n; p++) top = s[p] > top ? s[p] : top;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t p = 0; p < n; p++) {
+        s[p] = fast_exp(s[p] - top);
+        sum += s[p];
+    }
+    if (sink != -INFINITY) sum += fast_exp(sink - top);
+#pragma omp simd
+    for (int64_t p = 0; p < n; p++) s[p] /= sum;
+}
+
+// One (token, KV head) pair: its G query heads (the first one is head h0) against the sequence's keys from
+// tiles.start, a tile (one block, or part of one) at a time: each tile of keys, then of values, is converted
+// to fp32 once and used by all G heads while it is in cache (fp32 tiles, and bf16 keys on a CPU with
+// AVX512_BF16, are read as they are). Scores of the whole context (soft-capped where asked), then an exact
+// softmax (max, exp, sum, divide), then the probability-weighted values: the arithmetic of the reference
+// softmax, in fp32. While one tile's keys are scored, the keys KEYS_AHEAD tiles on and this tile's values are
+// prefetched; while the values are summed, the first next_size keys at next (the pair this thread does next,
+// or null).
 template <typename T, typename C>
-void attend_one(const T *q, const C *k_cache, const C *v_cache, const Tiles &tiles, T *out, int64_t G, float scale,
-                float v_scale, float *scratch, const C *next, int64_t next_size) {
-    const int64_t D = tiles.D, len = tiles.len;
+void attend_one(const T *q, const C *k_cache, const C *v_cache, const Tiles &tiles, T *out, int64_t G, int64_t h0,
+                float scale, float v_scale, const Features &features, float *scratch, const C *next,
+                int64_t next_size) {
+    const int64_t D = tiles.D, len = tiles.len - tiles.start;  // scores [G, len], position start + p at p
     float *query = scratch, *acc = query + G * D, *tile_buffer = acc + G * D, *scores = tile_buffer + MAX_TILE * D;
     constexpr bool bf16_keys = HAS_BF16_DOT && std::is_same_v<T, BFloat16> && std::is_same_v<C, BFloat16>;
     const bool read_in_place = bf16_keys && D % 32 == 0;
@@ -244,45 +265,40 @@ void attend_one(const T *q, const C *k_cache, const C *v_cache, const Tiles &til
         query[i] = to_float(q[i]) * scale;
         acc[i] = 0.0f;
     }
+    const int64_t start = tiles.start, end = tiles.len;  // positions start .. end - 1
     int64_t n = 0, next_n = 0;
-    int64_t row = tiles.at(0, n);
-    for (int64_t begin = 0; begin < len;) {
-        const int64_t next_row = begin + n < len ? tiles.at(begin + n, next_n) : -1;
+    int64_t row = tiles.at(start, n);
+    for (int64_t begin = start; begin < end;) {
+        const int64_t next_row = begin + n < end ? tiles.at(begin + n, next_n) : -1;
         // the keys KEYS_AHEAD tiles on (all of them up to there at the first tile), this tile's values
         const int64_t ahead = begin + KEYS_AHEAD * tiles.tile;
-        for (int64_t b = begin == 0 ? n : ahead; b <= ahead && b < len; b += tiles.tile) {
+        for (int64_t b = begin == start ? begin + n : ahead; b <= ahead && b < end; b += tiles.tile) {
             int64_t m;
             const int64_t first = tiles.at(b, m);  // sets m
             prefetch<3>(k_cache + first, m * D * int64_t(sizeof(C)));
         }
         prefetch<2>(v_cache + row, n * D * int64_t(sizeof(C)));
         const C *k = k_cache + row;
+        float *s = scores + (begin - start);
         if (read_in_place) {
             if constexpr (bf16_keys) {
-                for (int64_t g = 0; g < G; g++) tile_scores_bf16(q + g * D, k, n, D, scale, scores + g * len + begin);
+                for (int64_t g = 0; g < G; g++) tile_scores_bf16(q + g * D, k, n, D, scale, s + g * len);
             }
         } else {
             const float *keys = as_floats(k, tile_buffer, n * D);
-            for (int64_t g = 0; g < G; g++) tile_scores(query + g * D, keys, n, D, scores + g * len + begin);
+            for (int64_t g = 0; g < G; g++) tile_scores(query + g * D, keys, n, D, s + g * len);
         }
         begin += n, row = next_row, n = next_n;
     }
     for (int64_t g = 0; g < G; g++) {
-        float *s = scores + g * len, top = -INFINITY, sum = 0.0f;
-        for (int64_t p = 0; p < len; p++) top = s[p] > top ? s[p] : top;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t p = 0; p < len; p++) {
-            s[p] = fast_exp(s[p] - top);
-            sum += s[p];
-        }
-#pragma omp simd
-        for (int64_t p = 0; p < len; p++) s[p] /= sum;
+        if (features.soft_cap > 0.0f) apply_soft_cap(scores + g * len, len, features.soft_cap);
+        softmax(scores + g * len, len, features.sinks ? features.sinks[h0 + g] : -INFINITY);
     }
     if (next) prefetch<3>(next, next_size * D * int64_t(sizeof(C)));
-    for (int64_t begin = 0; begin < len; begin += n) {
+    for (int64_t begin = start; begin < end; begin += n) {
         const int64_t row = tiles.at(begin, n);  // sets n, read below
         const float *values = as_floats(v_cache + row, tile_buffer, n * D);
-        for (int64_t g = 0; g < G; g++) accumulate(acc + g * D, scores + g * len + begin, values, n, D);
+        for (int64_t g = 0; g < G; g++) accumulate(acc + g * D, scores + g * len + (begin - start), values, n, D);
     }
     for (int64_t i = 0; i < G * D; i++) store(out[i], acc[i] * v_scale);
 }
@@ -291,18 +307,20 @@ template <typename T, typename C>
 void decode_attention(const T *q, const C *k_cache, const C *v_cache, const int64_t *block_tables,
                       const int64_t *context_lens, T *out, int64_t num_tokens, int64_t num_heads,
                       int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,
-                      int64_t max_blocks, int64_t q_stride, float scale, float v_scale) {
+                      int64_t max_blocks, int64_t q_stride, float scale, float v_scale, const Features &features) {
     const int64_t G = num_heads / num_kv_heads, D = head_dim;
-    // scores sized by the longest context, not by the tables' width (a captured decode step's tables are
-    // max_model_len wide: their scratch would be zeroed for nothing, every layer)
+    // scores sized by the longest context (or window), not by the tables' width (a captured decode step's
+    // tables are max_model_len wide: their scratch would be zeroed for nothing, every layer)
     int64_t longest = 0;
     for (int64_t t = 0; t < num_tokens; t++) longest = std::max(longest, context_lens[t]);
+    if (features.window > 0) longest = std::min(longest, features.window);
     const int64_t scratch_size = 2 * G * D + MAX_TILE * D + G * longest;
     const int64_t pairs = num_tokens * num_kv_heads;
     const int64_t tile = std::min(block_size, MAX_TILE);
     auto tiles_of = [&](int64_t pair) {
         const int64_t t = pair / num_kv_heads, kvh = pair % num_kv_heads;
-        return Tiles{block_tables + t * max_blocks, context_lens[t], block_size, tile, kvh * num_blocks, D};
+        const int64_t len = context_lens[t], start = window_start(len - 1, features.window);
+        return Tiles{block_tables + t * max_blocks, len, block_size, tile, kvh * num_blocks, D, start};
     };
     // (token, KV head) pairs, handed out one at a time (dynamic scheduling: contexts differ in length), each
     // thread claiming its next pair as it starts one, so that it can prefetch that pair's first keys
@@ -318,11 +336,11 @@ void decode_attention(const T *q, const C *k_cache, const C *v_cache, const int6
             int64_t next_n = 0;
             if (next < pairs) {
                 const Tiles next_tiles = tiles_of(next);
-                next_keys = next_tiles.len > 0 ? k_cache + next_tiles.at(0, next_n) : nullptr;
+                next_keys = next_tiles.len > 0 ? k_cache + next_tiles.at(next_tiles.start, next_n) : nullptr;
             }
             const int64_t t = pair / num_kv_heads, kvh = pair % num_kv_heads;
             attend_one(q + t * q_stride + kvh * G * D, k_cache, v_cache, tiles, out + (t * num_heads + kvh * G) * D,
-                       G, scale, v_scale, scratch.data(), next_keys, next_n);
+                       G, kvh * G, scale, v_scale, features, scratch.data(), next_keys, next_n);
             pair = next;
         }
     }
@@ -330,12 +348,15 @@ void decode_attention(const T *q, const C *k_cache, const C *v_cache, const int6
 
 }  // namespace
 
-#define EXPORT(SUFFIX, T, C)                                                                             \
-    extern "C" void paged_decode_attention_##SUFFIX(                                                     \
-        const T *q, const C *k, const C *v, const int64_t *tables, const int64_t *lens, T *out,           \
-        int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, \
-        int64_t block_size, int64_t max_blocks, int64_t q_stride, float scale, float v_scale) {          \
-        decode_attention(q, k, v, tables, lens, out, num_tokens, num_heads, num_kv_heads, head_dim,      \
-                         num_blocks, block_size, max_blocks, q_stride, scale, v_scale);                  \
+// window (0: none), soft_cap (0: none) and sinks (null: none) as in attention_features.h
+#define EXPORT(SUFFIX, T, C)                                                                              \
+    extern "C" void paged_decode_attention_##SUFFIX(                                                      \
+        const T *q, const C *k, const C *v, const int64_t *tables, const int64_t *lens, T *out,            \
+        const float *sinks, int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,  \
+        int64_t num_blocks, int64_t block_size, int64_t max_blocks, int64_t q_stride, int64_t window,       \
+        float scale, float v_scale, float soft_cap) {                                                     \
+        decode_attention(q, k, v, tables, lens, out, num_tokens, num_heads, num_kv_heads, head_dim,       \
+                         num_blocks, block_size, max_blocks, q_stride, scale, v_scale,                    \
+                         Features{window, soft_cap, sinks});                                              \
     }
 FOR_EACH_KV_TYPE(EXPORT)

@@ -11,6 +11,7 @@
 //   seq_lens         [S]                int64: chunk s attends to keys 0 .. seq_len - 1; its queries are the
 //                                       last positions (the first is at seq_len - n, after the cached prefix)
 //   block_tables     [S, max_blocks]    int64 block ids of each chunk's sequence
+//   features         a sliding window, a soft-cap, sinks (attention_features.h); all off: plain causal
 //
 // Two phases in one OpenMP region. First the keys and values of each (chunk, KV head) are packed, a tile
 // of KEY_TILE positions at a time, into the layout the products read (prefill_tiles.h), converted from the
@@ -19,7 +20,9 @@
 // GQA group, token by token) against the key tiles up to its last position, flash-attention style:
 // scores, an online softmax in fp32 (a running max and sum per row, earlier sums rescaled), then the
 // probabilities times the values added to an fp32 accumulator. Rows and columns wholly past a row's
-// causal limit are skipped, so the diagonal tiles cost about half a full one.
+// causal limit are skipped, so the diagonal tiles cost about half a full one. With a sliding window, key
+// tiles wholly before a row block's window are neither packed nor read (a windowed layer's cost follows
+// its window), and the edge tile masks the columns before each row's window.
 // With AVX512_BF16 and bf16 activations both products take VDPBF16PS on bf16 operands with fp32 sums (the
 // probabilities rounded to bf16 for the second, as torch's CPU flash attention does); otherwise fp32
 // multiply-adds on the quant_vec.h vector (AVX-512, AVX2 or plain C++). Built by cpu_kernels.py.
@@ -31,6 +34,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention_features.h"
 #include "dtypes.h"
 #include "prefill_tiles.h"
 
@@ -51,10 +55,10 @@ template <typename PT>
 struct Scratch {
     std::vector<PT> query, probs;
     std::vector<float> scores, acc, top, sum;  // sum: LANES partial sums a row
-    std::vector<int64_t> limit;
+    std::vector<int64_t> limit, lower;  // a row's key columns in the current tile: lower .. limit - 1
     Scratch(int64_t rows, int64_t Dp)
         : query(rows * Dp), probs(rows * KEY_TILE), scores(rows * KEY_TILE), acc(rows * Dp), top(rows), sum(rows * LANES),
-          limit(rows) {}
+          limit(rows), lower(rows) {}
 };
 
 // The largest of x[0 .. LANES - 1], by halving (no serial chain of LANES comparisons)
@@ -90,19 +94,21 @@ inline void to_operand(const float *p, PT *probs, float *sum) {
     }
 }
 
-// One row's online-softmax step over a key tile: scores of its first limit keys (scaled) folded into its
-// running max and LANES partial sums, probabilities (0 from limit to width, the columns its row block
+// One row's online-softmax step over a key tile: scores of its keys lower .. limit - 1 (scaled) folded into its
+// running max and LANES partial sums, probabilities (0 elsewhere up to width, the columns its row block
 // computed) into probs, its accumulator rescaled where the max grew. scores is overwritten. Loops of LANES
 // with selects, not branches, and int indices (64-bit compares would halve the vector width): they vectorize.
-template <typename PT>
-void softmax_row(float *scores, int limit, int width, float scale, float &top, float *sum, PT *probs, float *acc,
-                 int64_t Dp) {
+// LOWER: whether lower may be above 0 (a sliding window's edge tile); without, lower is not read.
+template <bool LOWER, typename PT>
+inline void softmax_row(float *scores, int lower, int limit, int width, float scale, float &top, float *sum, PT *probs,
+                 float *acc, int64_t Dp) {
     float tops[LANES];
     std::fill(tops, tops + LANES, -INFINITY);
     for (int j0 = 0; j0 < width; j0 += int(LANES)) {
 #pragma omp simd
         for (int l = 0; l < int(LANES); l++) {
-            const float x = j0 + l < limit ? scores[j0 + l] : -INFINITY;
+            const bool inside = (!LOWER || j0 + l >= lower) && j0 + l < limit;
+            const float x = inside ? scores[j0 + l] : -INFINITY;
             tops[l] = x > tops[l] ? x : tops[l];
         }
     }
@@ -120,7 +126,8 @@ void softmax_row(float *scores, int limit, int width, float scale, float &top, f
 #pragma omp simd
         for (int l = 0; l < int(LANES); l++) {
             const float e = fast_exp(scores[j0 + l] * scale - new_top);
-            scores[j0 + l] = j0 + l < limit ? e : 0.0f;
+            const bool inside = (!LOWER || j0 + l >= lower) && j0 + l < limit;
+            scores[j0 + l] = inside ? e : 0.0f;
         }
         to_operand(scores + j0, probs + j0, sum);
     }
@@ -131,10 +138,38 @@ struct Problem {
     int64_t num_seqs, q_stride;
     float scale, v_scale;
     Shape shape;
+    Features features;
 };
 
+// softmax_row of an edge tile's rows, out of line: the hot code of attention without a window stays as it was
+template <typename PT>
+__attribute__((noinline)) void softmax_rows_from(int64_t m0, int64_t block, float *scores, const int64_t *lower,
+                                                 const int64_t *limit, int width, float scale, float *top, float *sum,
+                                                 PT *probs, float *acc, int64_t Dp) {
+    for (int64_t r = m0; r < m0 + block; r++) {
+        softmax_row<true>(scores + r * KEY_TILE, int(lower[r]), int(limit[r]), width, scale, top[r], sum + r * LANES,
+                          probs + r * KEY_TILE, acc + r * Dp, Dp);
+    }
+}
+
+// The first key any query of chunk seq sees (0 without a window): the chunk's keys are packed from its tile
+inline int64_t first_key(const Problem &pb, int64_t seq) {
+    const int64_t n = pb.query_start_loc[seq + 1] - pb.query_start_loc[seq];
+    return window_start(pb.seq_lens[seq] - n, pb.features.window);
+}
+
+// One row block's scores [block, width] (row stride KEY_TILE) scaled and soft-capped in place
+__attribute__((noinline)) void soft_cap_rows(float *scores, int64_t block, int64_t width, float scale, float cap) {
+    for (int64_t r = 0; r < block; r++) {
+        float *row = scores + r * KEY_TILE;
+#pragma omp simd
+        for (int64_t j = 0; j < width; j++) row[j] = cap * fast_tanh(row[j] * scale / cap);
+    }
+}
+
 // One work item: query tokens first .. first + count - 1 of a chunk, the G heads of KV head kvh, against the
-// chunk's packed key tiles (keys, values: its first tile for this head; tiles kv_stride elements apart)
+// chunk's packed key tiles (keys, values: its first packed tile for this head, the one holding first_key;
+// tiles kv_stride elements apart)
 template <typename T, typename PT>
 void attend_item(const T *q, T *out, const Problem &pb, const Item &item, const PT *keys, const PT *values,
                  int64_t kv_stride, Scratch<PT> &s) {
@@ -151,22 +186,42 @@ void attend_item(const T *q, T *out, const Problem &pb, const Item &item, const 
         } else {
             for (int64_t d = 0; d < Dp; d++) store(s.query[r * Dp + d], d < D ? to_float(src[d]) : 0.0f);
         }
-        s.top[r] = -INFINITY;
+        // a sink starts the row's softmax: the running max at its logit, its exp(0) = 1 in the sum
+        const float *sinks = pb.features.sinks;
+        s.top[r] = sinks ? sinks[item.kvh * G + r % G] : -INFINITY;
         std::fill(&s.sum[r * LANES], &s.sum[(r + 1) * LANES], 0.0f);
+        if (sinks) s.sum[r * LANES] = 1.0f;
         std::fill(&s.acc[r * Dp], &s.acc[r * Dp] + Dp, 0.0f);
     }
-    const int64_t last_pos = first_pos + item.count - 1;
-    for (int64_t p0 = 0; p0 <= last_pos; p0 += KEY_TILE) {
-        const PT *k = keys + (p0 / KEY_TILE) * kv_stride, *v = values + (p0 / KEY_TILE) * kv_stride;
+    const int64_t last_pos = first_pos + item.count - 1, window = pb.features.window;
+    const float cap = pb.features.soft_cap, scale = cap > 0.0f ? 1.0f : pb.scale;  // capped: scaled before
+    const int64_t packed_from = first_key(pb, item.seq) / KEY_TILE;  // the chunk's first packed tile
+    for (int64_t p0 = window_start(first_pos, window) / KEY_TILE * KEY_TILE; p0 <= last_pos; p0 += KEY_TILE) {
+        const int64_t tile = p0 / KEY_TILE - packed_from;
+        const PT *k = keys + tile * kv_stride, *v = values + tile * kv_stride;
         const int64_t begin = std::max<int64_t>(0, p0 - first_pos) * G;  // rows before see no key of this tile
-        for (int64_t r = begin; r < rows; r++) s.limit[r] = std::min(KEY_TILE, first_pos + r / G - p0 + 1);
-        for (int64_t m0 = begin; m0 < rows; m0 += MAX_R) {
-            const int64_t block = std::min<int64_t>(MAX_R, rows - m0), widest = s.limit[m0 + block - 1];
+        // rows after end see no key of it either (their windows begin past it)
+        const int64_t end = window > 0 ? std::min(rows, std::max<int64_t>(0, p0 + KEY_TILE + window - 1 - first_pos) * G)
+                                       : rows;
+        for (int64_t r = begin; r < end; r++) s.limit[r] = std::min(KEY_TILE, first_pos + r / G - p0 + 1);
+        if (window > 0) {
+            for (int64_t r = begin; r < end; r++) {
+                s.lower[r] = std::max<int64_t>(0, window_start(first_pos + r / G, window) - p0);
+            }
+        }
+        for (int64_t m0 = begin; m0 < end; m0 += MAX_R) {
+            const int64_t block = std::min<int64_t>(MAX_R, end - m0), widest = s.limit[m0 + block - 1];
             const int64_t width = round_up(widest, COLUMN_UNIT);  // the key columns this block computes
             product(&s.query[m0 * Dp], Dp, k, KEY_TILE, &s.scores[m0 * KEY_TILE], KEY_TILE, block, width, Dp, false);
-            for (int64_t r = m0; r < m0 + block; r++) {
-                softmax_row(&s.scores[r * KEY_TILE], int(s.limit[r]), int(width), pb.scale, s.top[r],
-                            &s.sum[r * LANES], &s.probs[r * KEY_TILE], &s.acc[r * Dp], Dp);
+            if (cap > 0.0f) soft_cap_rows(&s.scores[m0 * KEY_TILE], block, width, pb.scale, cap);
+            if (window > 0 && s.lower[m0 + block - 1] > 0) {  // some row's window begins inside the tile
+                softmax_rows_from(m0, block, s.scores.data(), s.lower.data(), s.limit.data(), int(width), scale,
+                                  s.top.data(), s.sum.data(), s.probs.data(), s.acc.data(), Dp);
+            } else {
+                for (int64_t r = m0; r < m0 + block; r++) {
+                    softmax_row<false>(&s.scores[r * KEY_TILE], 0, int(s.limit[r]), int(width), scale, s.top[r],
+                                       &s.sum[r * LANES], &s.probs[r * KEY_TILE], &s.acc[r * Dp], Dp);
+                }
             }
             product(&s.probs[m0 * KEY_TILE], KEY_TILE, v, Dp, &s.acc[m0 * Dp], Dp, block, Dp, round_up(widest, 2),
                     true);
@@ -194,15 +249,18 @@ void prefetch_queries(const T *q, const Problem &pb, const Item &item) {
     }
 }
 
-// The work items, largest first (a query tile's cost grows with its last position: causal tiles differ)
+// The work items, largest first (a query tile's cost grows with its last position, up to the window: causal
+// tiles differ)
 std::vector<Item> work_items(const Problem &pb, int64_t tokens_per_item) {
     std::vector<Item> items;
+    const int64_t window = pb.features.window;
     for (int64_t seq = 0; seq < pb.num_seqs; seq++) {
         const int64_t n = pb.query_start_loc[seq + 1] - pb.query_start_loc[seq], cached = pb.seq_lens[seq] - n;
         for (int64_t first = 0; first < n; first += tokens_per_item) {
             const int64_t count = std::min(tokens_per_item, n - first);
+            const int64_t keys = cached + first + count / 2 + 1;  // a middle query's
             for (int64_t kvh = 0; kvh < pb.shape.num_kv_heads; kvh++) {
-                items.push_back({seq, kvh, first, count, count * (cached + first + count / 2 + 1)});
+                items.push_back({seq, kvh, first, count, count * (window > 0 ? std::min(keys, window) : keys)});
             }
         }
     }
@@ -215,9 +273,11 @@ void prefill_attention(const T *q, const C *k_cache, const C *v_cache, T *out, c
     using PT = Operand<T>;
     const Shape &sh = pb.shape;
     const int64_t G = sh.num_heads / sh.num_kv_heads, tile_size = KEY_TILE * sh.padded_dim;
-    std::vector<int64_t> first_tile(pb.num_seqs + 1, 0);  // chunk s's key tiles: first_tile[s] ..
+    // chunk s's packed key tiles: first_tile[s] .., from the tile holding its first_key (0 without a window)
+    std::vector<int64_t> first_tile(pb.num_seqs + 1, 0);
     for (int64_t seq = 0; seq < pb.num_seqs; seq++) {
-        first_tile[seq + 1] = first_tile[seq] + (pb.seq_lens[seq] + KEY_TILE - 1) / KEY_TILE;
+        const int64_t tiles = (pb.seq_lens[seq] + KEY_TILE - 1) / KEY_TILE - first_key(pb, seq) / KEY_TILE;
+        first_tile[seq + 1] = first_tile[seq] + tiles;
     }
     const int64_t num_tiles = first_tile[pb.num_seqs] * sh.num_kv_heads;  // (tile, KV head) pairs
     static thread_local std::vector<PT> packed;  // grows to the largest step; kept for the next layer's call
@@ -234,8 +294,9 @@ void prefill_attention(const T *q, const C *k_cache, const C *v_cache, T *out, c
         for (int64_t i = 0; i < num_tiles; i++) {
             const int64_t tile = i / sh.num_kv_heads, kvh = i % sh.num_kv_heads;
             const int64_t seq = std::upper_bound(first_tile.begin(), first_tile.end(), tile) - first_tile.begin() - 1;
-            pack_tile(k_cache, v_cache, pb.block_tables + seq * sh.max_blocks, kvh, (tile - first_tile[seq]) * KEY_TILE,
-                      pb.seq_lens[seq], sh, keys + i * tile_size, values + i * tile_size);
+            const int64_t lo = first_key(pb, seq), p0 = (tile - first_tile[seq] + lo / KEY_TILE) * KEY_TILE;
+            pack_tile(k_cache, v_cache, pb.block_tables + seq * sh.max_blocks, kvh, p0, lo, pb.seq_lens[seq], sh,
+                      keys + i * tile_size, values + i * tile_size);
         }  // (an implied barrier: every tile is packed before any is read)
         Scratch<PT> scratch(std::max<int64_t>(1, TARGET_ROWS / G) * G, sh.padded_dim);
         const int64_t num_items = int64_t(items.size());
@@ -255,15 +316,17 @@ void prefill_attention(const T *q, const C *k_cache, const C *v_cache, T *out, c
 // Whether the products take VDPBF16PS for bf16 activations in this build (for reports and tests)
 extern "C" int prefill_attention_bf16_dot() { return HAS_BF16_DOT ? 1 : 0; }
 
+// window (0: none), soft_cap (0: none) and sinks (null: none) as in attention_features.h
 #define EXPORT(SUFFIX, T, C)                                                                                     \
     extern "C" void paged_prefill_attention_##SUFFIX(                                                            \
         const T *q, const C *k, const C *v, const int64_t *tables, const int64_t *query_start_loc,                \
-        const int64_t *seq_lens, T *out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,               \
-        int64_t head_dim, int64_t num_blocks, int64_t block_size, int64_t max_blocks, int64_t q_stride,          \
-        float scale, float v_scale) {                                                                            \
+        const int64_t *seq_lens, T *out, const float *sinks, int64_t num_seqs, int64_t num_heads,                 \
+        int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size, int64_t max_blocks,      \
+        int64_t q_stride, int64_t window, float scale, float v_scale, float soft_cap) {                          \
         const Shape shape{num_heads, num_kv_heads, head_dim, round_up(head_dim, COLUMN_UNIT), num_blocks,         \
                           block_size, max_blocks};                                                               \
-        const Problem problem{tables, query_start_loc, seq_lens, num_seqs, q_stride, scale, v_scale, shape};    \
+        const Problem problem{tables, query_start_loc, seq_lens, num_seqs, q_stride, scale, v_scale, shape,      \
+                              Features{window, soft_cap, sinks}};                                                \
         prefill_attention(q, k, v, out, problem);                                                                \
     }
 FOR_EACH_KV_TYPE(EXPORT)

@@ -144,13 +144,14 @@ inline void transpose16(__m512i *rows) {
 }
 
 // pack_tile for a bf16 pool, D % 32 == 0: keys transposed 16 x 16 pairs at a time in registers, values
-// interleaved two rows at a time (vector permutes, not 16-bit moves)
+// interleaved two rows at a time (vector permutes, not 16-bit moves); positions j < first or >= n are 0
 inline void pack_tile_bf16(const BFloat16 *k_cache, const BFloat16 *v_cache, const int64_t *table, int64_t kvh,
-                           int64_t p0, int64_t n, const Shape &s, BFloat16 *keys, BFloat16 *values) {
+                           int64_t p0, int64_t first, int64_t n, const Shape &s, BFloat16 *keys, BFloat16 *values) {
     const int64_t D = s.head_dim, pairs = D / 2;
+    auto read = [&](int64_t j) { return j >= first && j < n; };
     for (int64_t j0 = 0; j0 < KEY_TILE; j0 += 16) {
         const BFloat16 *rows[16];
-        for (int j = 0; j < 16; j++) rows[j] = j0 + j < n ? k_cache + pool_row(table, kvh, p0 + j0 + j, s) : nullptr;
+        for (int j = 0; j < 16; j++) rows[j] = read(j0 + j) ? k_cache + pool_row(table, kvh, p0 + j0 + j, s) : nullptr;
         for (int64_t q0 = 0; q0 < pairs; q0 += 16) {  // pairs q0 .. q0 + 15 of keys j0 .. j0 + 15
             __m512i block[16];
             for (int j = 0; j < 16; j++) block[j] = rows[j] ? _mm512_loadu_si512(rows[j] + 2 * q0) : _mm512_setzero_si512();
@@ -162,8 +163,8 @@ inline void pack_tile_bf16(const BFloat16 *k_cache, const BFloat16 *v_cache, con
     for (int i = 0; i < 16; i++) low[2 * i] = i, low[2 * i + 1] = 32 + i, high[2 * i] = 16 + i, high[2 * i + 1] = 48 + i;
     const __m512i lo = _mm512_load_si512(low), hi = _mm512_load_si512(high);
     for (int64_t j = 0; j < KEY_TILE; j += 2) {  // rows j, j + 1 interleaved: [j / 2][D][2]
-        const BFloat16 *a = j < n ? v_cache + pool_row(table, kvh, p0 + j, s) : nullptr;
-        const BFloat16 *b = j + 1 < n ? v_cache + pool_row(table, kvh, p0 + j + 1, s) : nullptr;
+        const BFloat16 *a = read(j) ? v_cache + pool_row(table, kvh, p0 + j, s) : nullptr;
+        const BFloat16 *b = read(j + 1) ? v_cache + pool_row(table, kvh, p0 + j + 1, s) : nullptr;
         for (int64_t d0 = 0; d0 < D; d0 += 32) {
             const __m512i x = a ? _mm512_loadu_si512(a + d0) : _mm512_setzero_si512();
             const __m512i y = b ? _mm512_loadu_si512(b + d0) : _mm512_setzero_si512();
@@ -176,21 +177,23 @@ inline void pack_tile_bf16(const BFloat16 *k_cache, const BFloat16 *v_cache, con
 #endif
 
 // Keys [p0, p0 + KEY_TILE) of one (chunk, KV head) as B of the scores product ([padded_dim][KEY_TILE]) and
-// values as B of the output product ([KEY_TILE][padded_dim]); positions past len and columns past D are 0
+// values as B of the output product ([KEY_TILE][padded_dim]); positions before lo (a sliding window's: their
+// blocks may be freed, so they are not read), positions past len and columns past D are 0
 template <typename PT, typename C>
-void pack_tile(const C *k_cache, const C *v_cache, const int64_t *table, int64_t kvh, int64_t p0, int64_t len,
-               const Shape &s, PT *keys, PT *values) {
+void pack_tile(const C *k_cache, const C *v_cache, const int64_t *table, int64_t kvh, int64_t p0, int64_t lo,
+               int64_t len, const Shape &s, PT *keys, PT *values) {
     const int64_t D = s.head_dim, Dp = s.padded_dim, n = std::min(KEY_TILE, len - p0);
+    const int64_t first = std::max<int64_t>(0, lo - p0);
 #if defined(__AVX512BF16__) && defined(__AVX512VL__)
     if constexpr (std::is_same_v<PT, BFloat16> && std::is_same_v<C, BFloat16>) {
-        if (D % 32 == 0) return pack_tile_bf16(k_cache, v_cache, table, kvh, p0, n, s, keys, values);
+        if (D % 32 == 0) return pack_tile_bf16(k_cache, v_cache, table, kvh, p0, first, n, s, keys, values);
     }
 #endif
-    if (n < KEY_TILE || D < Dp) {
+    if (n < KEY_TILE || D < Dp || first > 0) {
         std::fill(keys, keys + KEY_TILE * Dp, PT{});
         std::fill(values, values + KEY_TILE * Dp, PT{});
     }
-    for (int64_t j = 0; j < n; j++) {
+    for (int64_t j = first; j < n; j++) {
         const C *k = k_cache + pool_row(table, kvh, p0 + j, s), *v = v_cache + pool_row(table, kvh, p0 + j, s);
         for (int64_t d = 0; d < D; d++) store(keys[b_index<PT>(d, j, KEY_TILE)], to_float(k[d]));
         for (int64_t d = 0; d < D; d++) store(values[b_index<PT>(j, d, Dp)], to_float(v[d]));

@@ -1,5 +1,5 @@
 // GGUF-quantized weights on the CPU, kept in ggml's block layouts (ggml-quants.h): Q4_0, Q4_1, Q8_0 (32
-// weights a block) and Q4_K, Q6_K (256 weights a super-block). A weight matrix [n, k] is n rows of k / QK
+// weights a block), Q4_K, Q6_K (256 weights a super-block) and MXFP4 (32; csrc/mxfp4.h, MoE experts only). A weight matrix [n, k] is n rows of k / QK
 // blocks each. Kernels per type, for activations in fp32 or bf16:
 //   quant_gemv_*:    y [rows, n] (row stride ldy) = x [rows, k] @ W^T (+ bias), for 1..MAX_ROWS rows: each
 //                    block is decoded once, in registers, and multiplied into every row (the decode hot
@@ -7,10 +7,12 @@
 //   quant_gemm_*:    the same for up to GEMM_MAX_ROWS rows, bf16 x and Q4_0 / Q4_1 / Q8_0 W, where the build
 //                    has AVX512_BF16 (quant_gemm_max_rows() is 0 otherwise)
 //   quant_dequant_*: out [n, k] = W decoded, for a GEMM by torch (prefill, large batches) or an embedding
+//   moe_panels_rows_*: csrc/moe.cpp's per-expert products (moe.h) over the same column loop as quant_gemv
 // Decoding computes exactly what gguf-py's dequantize_blocks computes. Products are summed in fp32 in
 // vector registers: AVX-512 or AVX2+FMA when the build (-march=native) has them, plain C++ otherwise; with
 // bf16 activations and AVX512_BF16, 4-bit and 8-bit blocks use the bf16 dot-product instruction on their
 // integers, which are exact in bf16 (namespace bf16dot). Built and loaded by backend/engine/cpu_kernels.py.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +20,8 @@
 #include <vector>
 
 #include "dtypes.h"
+#include "moe.h"
+#include "mxfp4.h"
 #include "quantized_bf16.h"
 
 #if defined(__F16C__) || defined(__AVX2__)
@@ -150,43 +154,62 @@ struct Q6_K {  // 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scal
     }
 };
 
-// rows R known at compile time, so the R x LANES accumulators live in registers
-template <typename B, int R, typename T>
-void gemv_rows(const float *x, const uint8_t *w, const T *bias, T *y, int64_t n, int64_t k, int64_t ldy) {
-    const int64_t blocks = k / B::QK, row_bytes = blocks * B::BYTES;
-#pragma omp parallel for schedule(static)
-    for (int64_t j = 0; j < n; j++) {
-        alignas(64) float decoded[B::QK];
-        Vec acc[R][LANES];
-        for (int r = 0; r < R; r++)
-            for (int v = 0; v < LANES; v++) acc[r][v] = vzero();
-        const uint8_t *row = w + j * row_bytes;
-        for (int64_t b = 0; b < blocks; b++) {
-            if constexpr (B::QK == CHUNK) {  // decoded in registers
-                Vec wv[LANES];
-                B::vectors(row + b * B::BYTES, wv);
-                for (int r = 0; r < R; r++) {
-                    const float *xr = x + r * k + b * CHUNK;
-                    for (int v = 0; v < LANES; v++) acc[r][v] = vfma(wv[v], vload(xr + v * VEC_WIDTH), acc[r][v]);
-                }
-                continue;
-            }
-            B::decode(row + b * B::BYTES, decoded);
-            for (int c = 0; c < B::QK; c += CHUNK) {
-                for (int r = 0; r < R; r++) {
-                    const float *xr = x + r * k + b * B::QK + c;
-                    for (int v = 0; v < LANES; v++)
-                        acc[r][v] = vfma(vload(decoded + c + v * VEC_WIDTH), vload(xr + v * VEC_WIDTH), acc[r][v]);
-                }
-            }
-        }
-        const float extra = bias ? to_float(bias[j]) : 0.0f;
-        for (int r = 0; r < R; r++) {
-            float sum = 0.0f;
-            for (int v = 0; v < LANES; v++) sum += vsum(acc[r][v]);
-            store(y[r * ldy + j], sum + extra);
+struct MXFP4 {  // csrc/mxfp4.h: e8m0 e, then 16 bytes of nibbles in Q4_0's order
+    static constexpr int QK = 32, BYTES = 17;
+    static void decode(const uint8_t *b, float *w) {
+        const float d = mxfp4::half_scale(b[0]);
+        for (int i = 0; i < 16; i++) {
+            w[i] = float(mxfp4::KVALUES[b[1 + i] & 15]) * d;
+            w[i + 16] = float(mxfp4::KVALUES[b[1 + i] >> 4]) * d;
         }
     }
+    static void vectors(const uint8_t *b, Vec *w) {
+        alignas(64) float decoded[32];
+        decode(b, decoded);
+        for (int v = 0; v < LANES; v++) w[v] = vload(decoded + v * VEC_WIDTH);
+    }
+};
+
+// y[:, j] for R rows (R known at compile time, so the R x LANES accumulators live in registers)
+template <typename B, int R, typename T>
+inline void gemv_column(const float *x, const uint8_t *w, const T *bias, T *y, int64_t j, int64_t k, int64_t ldy) {
+    const int64_t blocks = k / B::QK, row_bytes = blocks * B::BYTES;
+    alignas(64) float decoded[B::QK];
+    Vec acc[R][LANES];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < LANES; v++) acc[r][v] = vzero();
+    const uint8_t *row = w + j * row_bytes;
+    for (int64_t b = 0; b < blocks; b++) {
+        if constexpr (B::QK == CHUNK) {  // decoded in registers
+            Vec wv[LANES];
+            B::vectors(row + b * B::BYTES, wv);
+            for (int r = 0; r < R; r++) {
+                const float *xr = x + r * k + b * CHUNK;
+                for (int v = 0; v < LANES; v++) acc[r][v] = vfma(wv[v], vload(xr + v * VEC_WIDTH), acc[r][v]);
+            }
+            continue;
+        }
+        B::decode(row + b * B::BYTES, decoded);
+        for (int c = 0; c < B::QK; c += CHUNK) {
+            for (int r = 0; r < R; r++) {
+                const float *xr = x + r * k + b * B::QK + c;
+                for (int v = 0; v < LANES; v++)
+                    acc[r][v] = vfma(vload(decoded + c + v * VEC_WIDTH), vload(xr + v * VEC_WIDTH), acc[r][v]);
+            }
+        }
+    }
+    const float extra = bias ? to_float(bias[j]) : 0.0f;
+    for (int r = 0; r < R; r++) {
+        float sum = 0.0f;
+        for (int v = 0; v < LANES; v++) sum += vsum(acc[r][v]);
+        store(y[r * ldy + j], sum + extra);
+    }
+}
+
+template <typename B, int R, typename T>
+void gemv_rows(const float *x, const uint8_t *w, const T *bias, T *y, int64_t n, int64_t k, int64_t ldy) {
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < n; j++) gemv_column<B, R>(x, w, bias, y, j, k, ldy);
 }
 
 template <typename B, typename T>
@@ -242,6 +265,23 @@ void dequant(const uint8_t *w, T *out, int64_t n, int64_t k) {
     }
 }
 
+// panels [first, last) of one expert's product for csrc/moe.cpp (inside its OpenMP region): its rows
+// widened to fp32, then MAX_ROWS rows at a time, as gemv
+template <typename B, typename T>
+void moe_panels(const moe::ExpertGemm &e, int64_t first, int64_t last) {
+    std::vector<float> xf(e.rows * e.k);
+    for (int64_t i = 0; i < int64_t(xf.size()); i++) xf[i] = to_float(static_cast<const T *>(e.x)[i]);
+    const int64_t end = std::min(e.n, last * moe::PANEL);
+    for (int64_t row = 0; row < e.rows; row += MAX_ROWS) {
+        T *y = static_cast<T *>(e.y) + row * e.ldy;
+        with_rows<MAX_ROWS>(e.rows - row, [&](auto r) {
+            for (int64_t j = first * moe::PANEL; j < end; j++)
+                gemv_column<B, decltype(r)::value>(xf.data() + row * e.k, e.w, static_cast<const T *>(e.bias), y, j,
+                                                   e.k, e.ldy);
+        });
+    }
+}
+
 }  // namespace
 
 #define EXPORT(TYPE, NAME, T, SUFFIX)                                                                       \
@@ -251,6 +291,9 @@ void dequant(const uint8_t *w, T *out, int64_t n, int64_t k) {
     }                                                                                                        \
     extern "C" void quant_dequant_##NAME##_##SUFFIX(const uint8_t *w, T *out, int64_t n, int64_t k) {     \
         dequant<TYPE>(w, out, n, k);                                                                         \
+    }                                                                                                        \
+    extern "C" void moe_panels_rows_##NAME##_##SUFFIX(const moe::ExpertGemm &e, int64_t first, int64_t last) { \
+        moe_panels<TYPE, T>(e, first, last);                                                                 \
     }
 #define EXPORT_TYPE(TYPE, NAME) \
     EXPORT(TYPE, NAME, float, f32) \
@@ -261,6 +304,7 @@ EXPORT_TYPE(Q4_1, q4_1)
 EXPORT_TYPE(Q8_0, q8_0)
 EXPORT_TYPE(Q4_K, q4_k)
 EXPORT_TYPE(Q6_K, q6_k)
+EXPORT_TYPE(MXFP4, mxfp4)
 
 extern "C" int quant_vector_width() { return VEC_WIDTH; }
 

@@ -15,17 +15,18 @@ enum Signature : int64_t {
     GEMM_BF16 = 1,       // (x, w, bias, y, rows, n, k, ldy, float_out)
     RMS_NORM = 2,        // (x, weight, out, rows, dim, eps)
     ADD_RMS_NORM = 3,    // (x, residual, weight, out, residual_out, rows, dim, eps)
-    SILU_AND_MUL = 4,    // (gate_up, out, rows, dim)
+    SILU_AND_MUL = 4,    // (gate_up, out, rows, dim): silu_and_mul, gelu_tanh_and_mul
     ROPE_AND_CACHE = 5,  // (qkv, positions, cos, sin, slots, k_cache, v_cache, rows, heads, kv_heads, dim,
-                         //  slots, k_scale, v_scale, limit)
-    DECODE_ATTENTION = 6,  // (q, k_cache, v_cache, tables, lens, out, rows, heads, kv_heads, dim, blocks,
-                           //  block_size, max_blocks, q_stride, scale, v_scale)
+                         //  slots, rotary_dim, k_scale, v_scale, limit)
+    DECODE_ATTENTION = 6,  // (q, k_cache, v_cache, tables, lens, out, sinks, rows, heads, kv_heads, dim, blocks,
+                           //  block_size, max_blocks, q_stride, window, scale, v_scale, soft_cap)
     INTERLEAVED = 7,     // (x, w, bias, y, rows, n, k, ldy, groups, float_out): interleaved_gemm_*
     EMBEDDING = 8,       // (ids, table, out, rows, k or row bytes): interleaved_embedding_q8_0, embedding_rows
     WIDEN = 9,           // (y, rows, n): widen_bf16_rows
+    MOE = 10,            // (layer, x, logits, shared, shared_gate, out, workspace, rows): moe_forward_*
 };
 
-constexpr int MAX_INTS = 14;
+constexpr int MAX_INTS = 16;
 constexpr int MAX_FLOATS = 3;
 
 struct Op {  // decode_graph.Op mirrors this layout
@@ -58,6 +59,10 @@ void run(const Op &op) {
             reinterpret_cast<void (*)(P, P, P, P, I, I, I, I, P, I)>(op.function)(
                 p(a, 0), p(a, 1), p(a, 2), p(a, 3), a[4], a[5], a[6], a[7], p(a, 8), a[9]);
             break;
+        case MOE:
+            reinterpret_cast<void (*)(P, P, P, P, P, P, P, I)>(op.function)(p(a, 0), p(a, 1), p(a, 2), p(a, 3), p(a, 4),
+                                                                           p(a, 5), p(a, 6), a[7]);
+            break;
         case WIDEN:
             reinterpret_cast<void (*)(P, I, I)>(op.function)(p(a, 0), a[1], a[2]);
             break;
@@ -75,14 +80,14 @@ void run(const Op &op) {
             reinterpret_cast<void (*)(P, P, I, I)>(op.function)(p(a, 0), p(a, 1), a[2], a[3]);
             break;
         case ROPE_AND_CACHE:
-            reinterpret_cast<void (*)(P, P, P, P, P, P, P, I, I, I, I, I, F, F, F)>(op.function)(
+            reinterpret_cast<void (*)(P, P, P, P, P, P, P, I, I, I, I, I, I, F, F, F)>(op.function)(
                 p(a, 0), p(a, 1), p(a, 2), p(a, 3), p(a, 4), p(a, 5), p(a, 6), a[7], a[8], a[9], a[10], a[11],
-                f[0], f[1], f[2]);
+                a[12], f[0], f[1], f[2]);
             break;
         case DECODE_ATTENTION:
-            reinterpret_cast<void (*)(P, P, P, P, P, P, I, I, I, I, I, I, I, I, F, F)>(op.function)(
-                p(a, 0), p(a, 1), p(a, 2), p(a, 3), p(a, 4), p(a, 5), a[6], a[7], a[8], a[9], a[10], a[11], a[12],
-                a[13], f[0], f[1]);
+            reinterpret_cast<void (*)(P, P, P, P, P, P, P, I, I, I, I, I, I, I, I, I, F, F, F)>(op.function)(
+                p(a, 0), p(a, 1), p(a, 2), p(a, 3), p(a, 4), p(a, 5), p(a, 6), a[7], a[8], a[9], a[10], a[11],
+                a[12], a[13], a[14], a[15], f[0], f[1], f[2]);
             break;
     }
 }

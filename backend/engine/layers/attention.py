@@ -3,9 +3,10 @@ cache write, backend/engine/attention.paged_attention and the output projection.
 
 Each layer is built from an AttentionSpec, the per-layer facts the rest of the engine reads from the model
 (the KV pool's heads and head size per layer, windows, soft-caps, sinks). The RoPE-and-cache-write kernel
-serves a layer that rotates whole heads without q/k norm (`rope_kernel_serves`); other layers take the
-PyTorch path. A spec needing an attention option that paged_attention does not take yet is refused when
-the layer is built (ValueError naming it), so no model runs with a feature silently dropped.
+serves every layer without q/k norm (`rope_kernel_serves`): whole-head, partial (rotary_dim < head_dim)
+and no RoPE alike; a layer with q/k norm takes the PyTorch path. A spec needing an attention option that
+paged_attention does not take is refused when the layer is built (ValueError naming it), so no model runs
+with a feature silently dropped.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from backend.engine.layers.linear import Linear, fold_output_scale
 from backend.engine.layers.norm import RMSNorm
 from backend.engine.layers.rotary import Rope, RopeSpec, apply_rope
 
-# The keyword options of attention.paged_attention (and its kernels) that a layer may pass: its name for
-# each AttentionSpec feature. Empty until the attention path takes sliding_window, soft_cap and sinks.
-PAGED_ATTENTION_OPTIONS: frozenset[str] = frozenset()
+# The keyword options of attention.paged_attention that a layer may pass: its name for each AttentionSpec
+# feature. The PyTorch paths, the decode and prefill kernels and the captured decode op take all three.
+PAGED_ATTENTION_OPTIONS: frozenset[str] = frozenset({"sliding_window", "soft_cap", "sinks"})
 
 
 @dataclass(slots=True, frozen=True)
@@ -37,7 +38,8 @@ class AttentionSpec:
     head_dim: int
     scale: float  # softmax scale: head_dim ** -0.5 unless the family sets it (Granite's attention_multiplier)
     rope: RopeSpec | None  # None: no RoPE on this layer (SmolLM3's no_rope_layers)
-    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3, OLMo 2)
+    qk_norm: bool = False  # RMSNorm of q and k before RoPE: per head (Qwen3, Gemma 3)
+    qk_norm_across_heads: bool = False  # with qk_norm: one RMSNorm over all heads of q, of k (OLMo 2)
     sliding_window: int | None = None  # attends to the last sliding_window tokens only (Gemma 2/3, gpt-oss)
     logits_soft_cap: float | None = None  # cap * tanh(logits / cap) before softmax (Gemma 2)
     has_sinks: bool = False  # one learned sink logit per head in the softmax (gpt-oss)
@@ -59,9 +61,14 @@ class AttentionSpec:
 
     @property
     def rope_kernel_serves(self) -> bool:
-        """cpu_kernels.rope_and_cache computes this layer's RoPE and cache write (whole heads rotate, no
-        q/k norm between the projection and RoPE)."""
-        return self.rope is not None and self.rope.rotary_dim == self.head_dim and not self.qk_norm
+        """cpu_kernels.rope_and_cache computes this layer's RoPE and cache write: no q/k norm between the
+        projection and RoPE (the first rotary_dim elements of each head rotate; none on a NoPE layer)."""
+        return not self.qk_norm
+
+    @property
+    def rotary_dim(self) -> int:
+        """Each head's leading elements that RoPE rotates (0: no RoPE on this layer)."""
+        return 0 if self.rope is None else self.rope.rotary_dim
 
 
 class Attention(nn.Module):
@@ -77,9 +84,11 @@ class Attention(nn.Module):
         self.kv_size = spec.num_kv_heads * spec.head_dim
         self.qkv_proj = Linear(hidden_size, self.q_size + 2 * self.kv_size, bias=bias[0])
         self.o_proj = Linear(self.q_size, hidden_size, bias=bias[1])
-        self.q_norm = RMSNorm(spec.head_dim, eps) if spec.qk_norm else None
-        self.k_norm = RMSNorm(spec.head_dim, eps) if spec.qk_norm else None
+        q_width, k_width = (self.q_size, self.kv_size) if spec.qk_norm_across_heads else (spec.head_dim,) * 2
+        self.q_norm = RMSNorm(q_width, eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(k_width, eps) if spec.qk_norm else None
         self.sinks = nn.Parameter(torch.zeros(spec.num_heads)) if spec.has_sinks else None
+        self.kernel_sinks: torch.Tensor | None = None  # sinks as the kernels read them: [H] fp32 (prepare)
         self.scale = spec.scale
         self.kv_scales = (1.0, 1.0)  # vLLM's k_scale, v_scale for an fp8 KV pool (1.0: no checkpoint scales)
         self.output_scale = (
@@ -98,27 +107,37 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         rope = None if self.spec.rope is None else ropes[self.spec.rope]
         if self.use_kernel and self.spec.rope_kernel_serves:
-            assert rope is not None
             cpu_kernels.rope_and_cache(
                 qkv,
                 meta.positions,
-                rope.cos_table,
-                rope.sin_table,
+                None if rope is None else rope.cos_table,
+                None if rope is None else rope.sin_table,
                 meta.slot_mapping,
                 k_cache,
                 v_cache,
                 self.num_heads,
                 self.kv_scales,
+                self.spec.rotary_dim,
             )
             heads = qkv.view(t, -1, self.head_dim)
             q, k, v = heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         else:
             q, k, v = self.qkv_heads(qkv, rope)
             write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping, self.kv_scales)
-        options = self.options | ({"sinks": self.sinks} if self.sinks is not None else {})
-        o = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.kv_scales, **options)
+        o = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.kv_scales, **self.options_now())
         out = self.o_proj(o.view(t, self.q_size))
         return out if self.output_scale == 1.0 else out * self.output_scale
+
+    def options_now(self) -> dict[str, Any]:
+        """paged_attention's keyword options, the sinks tensor in place of the spec's True."""
+        if self.sinks is None:
+            return self.options
+        return self.options | {"sinks": self.kernel_sinks if self.kernel_sinks is not None else self.sinks}
+
+    def prepare(self) -> None:
+        """After loading (CausalLM.prepare_weights): the sinks' fp32 copy that the kernels read in place."""
+        if self.sinks is not None:
+            self.kernel_sinks = self.sinks.detach().float().contiguous()
 
     def scale_output(self, factor: float) -> None:
         """This layer's output times factor: in o_proj's weight where it is dense, else at run time."""
@@ -130,8 +149,11 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [T, H, D], k and v [T, KVH, D] of the fused projection's output, q and k normed and rotated."""
         t = qkv.shape[0]
-        qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)  # q heads, then k heads
-        if self.q_norm is not None and self.k_norm is not None:
+        qk = qkv[:, : self.q_size + self.kv_size]
+        if self.q_norm is not None and self.k_norm is not None and self.spec.qk_norm_across_heads:
+            qk = torch.cat((self.q_norm(qk[:, : self.q_size]), self.k_norm(qk[:, self.q_size :])), 1)
+        qk = qk.reshape(t, -1, self.head_dim)  # q heads, then k heads
+        if self.q_norm is not None and self.k_norm is not None and not self.spec.qk_norm_across_heads:
             qk = torch.cat((self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])), 1)
         if rope is not None:
             qk = apply_rope(qk, rope.cos, rope.sin)

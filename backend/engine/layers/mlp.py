@@ -1,8 +1,9 @@
 """GatedMLP: down(act(gate(x)) * up(x)) with gate and up fused into one projection (gate rows, then up).
 
-SiLU runs on cpu_kernels (silu_and_mul, or inside gemm_bf16 when the projection packs gate and up panels
-in turn: Linear.fused_silu_and_mul); other activations run in PyTorch. output_scale is a constant factor
-on the output that could not be folded into down_proj's weight (a quantized one: CausalLM.fold_scales).
+Both activations run on cpu_kernels: SiLU as silu_and_mul (or inside gemm_bf16 when the projection packs
+gate and up panels in turn: Linear.fused_silu_and_mul), GELU(tanh) as gelu_tanh_and_mul; PyTorch computes
+them elsewhere. output_scale is a constant factor on the output that could not be folded into down_proj's
+weight (a quantized one: CausalLM.fold_scales).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from backend.engine.layers.linear import Linear, fold_output_scale
 
 # transformers' ACT2FN names this layer computes
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
+# act(gate) * up of gate_up [T, 2 I] in one native call, per activation
+KERNELS = {"silu": cpu_kernels.silu_and_mul, "gelu_pytorch_tanh": cpu_kernels.gelu_tanh_and_mul}
 
 
 class GatedMLP(nn.Module):
-    use_kernel = False  # set by CausalLM.prepare_weights (SiLU only)
+    use_kernel = False  # set by CausalLM.prepare_weights
     fused_silu_and_mul = False  # gate_up_proj computes silu(gate) * up itself (set by prepare_weights)
 
     def __init__(
@@ -50,7 +53,7 @@ class GatedMLP(nn.Module):
             assert isinstance(self.gate_up_proj, Linear)
             return self.gate_up_proj.silu_and_mul(x)
         gate_up = self.gate_up_proj(x)
-        if self.use_kernel and self.hidden_act == "silu":
-            return cpu_kernels.silu_and_mul(gate_up)
+        if self.use_kernel and gate_up.is_contiguous():
+            return KERNELS[self.hidden_act](gate_up)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return ACTIVATIONS[self.hidden_act](gate) * up

@@ -6,6 +6,12 @@ partial_rotary_factor: rotary_dim < head_dim, the rest of each head passes throu
 type (Gemma 3's local and global theta: layer_type keys config.rope_parameters) and no RoPE on a layer
 (SmolLM3's no_rope_layers: the layer's AttentionSpec.rope is None). Tables are computed as transformers
 computes them (its ROPE_INIT_FUNCTIONS for the scaled types), in fp32, then cast to the model's dtype.
+
+LongRoPE (Phi-3.5, Phi-4-mini) has two sets of per-frequency factors: transformers picks the long one for
+a forward pass whose last position passes original_max_position_embeddings, so a sequence that grows past
+it mixes keys of both. Like vLLM (Phi3LongRoPEScaledRotaryEmbedding), the table is fixed per engine: the
+long factors when max_model_len passes the original context, else the short ones; so outputs equal
+transformers' for sequences within the original context, and for prompts past it.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Any
 
 import torch
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 @dataclass(slots=True, frozen=True)
@@ -85,7 +91,9 @@ def rope_table(hf_config: Any, spec: RopeSpec, max_positions: int) -> RopeTables
         inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
         scaling = 1.0
     else:
-        kwargs = {} if spec.layer_type is None else {"layer_type": spec.layer_type}
+        kwargs: dict[str, Any] = {} if spec.layer_type is None else {"layer_type": spec.layer_type}
+        if rope_type == "longrope":  # long factors where the context may pass the original one (below)
+            kwargs["seq_len"] = max_positions
         inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu", **kwargs)
     if 2 * inv_freq.numel() != spec.rotary_dim:
         raise ValueError(

@@ -12,6 +12,7 @@ from typing import Any
 
 from backend.engine.layers.mlp import ACTIVATIONS
 from backend.engine.layers.rotary import partial_rotary_factor
+from backend.engine.sliding_window import layer_windows
 
 # Upper bounds on a config's sizes: several times the largest public checkpoint's, so that any real model
 # passes and a mistyped or hostile config.json fails before allocating. Sources (config.json on the Hub):
@@ -57,6 +58,8 @@ class ModelArgs:
     embedding_multiplier: float = 1.0  # on the embeddings (Granite's embedding_multiplier)
     residual_multiplier: float = 1.0  # on each attention and MLP output before the residual add (Granite)
     logits_multiplier: float = 1.0  # on the logits (Granite: 1 / logits_scaling)
+    # each layer's sliding window, None where it attends fully (sliding_window.layer_windows); () : none
+    sliding_windows: tuple[int | None, ...] = ()
 
     def __post_init__(self) -> None:
         for name, limit in LIMITS.items():
@@ -77,11 +80,23 @@ class ModelArgs:
             raise ValueError(
                 f"Unsupported hidden_act {self.hidden_act!r}; supported: {', '.join(ACTIVATIONS)}"
             )
+        self.check_windows()
         floats = ["rms_norm_eps", "embedding_multiplier", "residual_multiplier", "logits_multiplier"]
         for name in [*floats, *(["attention_scale"] if self.attention_scale is not None else [])]:
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"config.json's {name} must be a positive finite number, got {value!r}")
+
+    def check_windows(self) -> None:
+        """Each window is a token count within LIMITS, one per layer (or none given at all)."""
+        count, limit = len(self.sliding_windows), LIMITS["max_position_embeddings"]
+        if count and count != self.num_layers:
+            raise ValueError(f"config.json's layer_types has {count} entries for {self.num_layers} layers")
+        for window in self.sliding_windows:
+            if window is not None and (not is_size(window) or window > limit):
+                raise ValueError(
+                    f"config.json's sliding_window must be an integer in [1, {limit}], got {window!r}"
+                )
 
     @classmethod
     def from_hf_config(cls, hf_config: Any, weight_names: Collection[str]) -> ModelArgs:
@@ -109,7 +124,13 @@ class ModelArgs:
             qk_norm=FIRST_LAYER + "self_attn.q_norm.weight" in weight_names,
             tie_word_embeddings="lm_head.weight" not in weight_names
             or bool(getattr(hf_config, "tie_word_embeddings", False)),
+            # after the layer count is known to be sane (a hostile one would size the tuple)
+            sliding_windows=layer_windows(hf_config) if is_layer_count(hf_config.num_hidden_layers) else (),
         )
+
+
+def is_layer_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= LIMITS["num_layers"]
 
 
 def is_size(value: object) -> bool:

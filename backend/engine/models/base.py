@@ -4,7 +4,8 @@ A family subclasses it and overrides hooks, not the forward pass: `args_from_con
 spellings), `attention_spec(layer)` (per-layer RoPE, windows, soft-caps, sinks), `make_mlp(layer)` (a
 GatedMLP or an MoE block), `make_layer(layer)` (another block structure) and `packed_modules_mapping`
 (which checkpoint projections it fuses). The engine reads `args`, `attention_specs` (one per layer: the KV
-pool's heads and head size for it) and the modules named here (embed_tokens, layers, norm, lm_head).
+pool's heads and head size for it; `sliding_windows` their windows) and the modules named here
+(embed_tokens, layers, norm, lm_head).
 
 Tokens of all sequences of a step are packed into one flat batch [num_tokens, hidden]; each layer's
 attention goes through its own paged KV cache. Constant factors of a family (Granite's multipliers) are
@@ -15,7 +16,7 @@ the captured decode step see a plain pre-norm decoder.
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -31,11 +32,15 @@ from backend.engine.layers.norm import RMSNorm
 from backend.engine.layers.rotary import RopeSpec, RopeTables, rope_tables
 from backend.engine.models.args import ModelArgs
 from backend.engine.models.checkpoint import CheckpointNames
-from backend.engine.quantization.quantized_linear import QuantizedEmbedding, QuantizedLinear
+from backend.engine.quantization.quantized_linear import Part, QuantizedEmbedding, QuantizedLinear
 
 
 class KernelUser(Protocol):
     use_kernel: bool  # computes on cpu_kernels (set by CausalLM.prepare_weights)
+
+
+class OutputScaler(Protocol):
+    def scale_output(self, factor: float) -> None: ...  # a GatedMLP's or a FusedMoE's
 
 
 class CausalLM(nn.Module):
@@ -77,7 +82,10 @@ class CausalLM(nn.Module):
         a = self.args
         scale = a.attention_scale if a.attention_scale is not None else a.head_dim**-0.5
         rope = RopeSpec(a.rotary_dim)
-        return AttentionSpec(a.num_heads, a.num_kv_heads, a.head_dim, scale, rope, qk_norm=a.qk_norm)
+        window = a.sliding_windows[layer] if a.sliding_windows else None
+        return AttentionSpec(
+            a.num_heads, a.num_kv_heads, a.head_dim, scale, rope, qk_norm=a.qk_norm, sliding_window=window
+        )
 
     def make_mlp(self, layer: int) -> nn.Module:
         a = self.args
@@ -89,6 +97,12 @@ class CausalLM(nn.Module):
             a.hidden_size, self.attention_specs[layer], (a.qkv_bias, a.o_bias), a.rms_norm_eps
         )
         return DecoderLayer(attention, self.make_mlp(layer), a.hidden_size, a.rms_norm_eps)
+
+    @property
+    def sliding_windows(self) -> tuple[int | None, ...]:
+        """Each layer's sliding window as its spec declares it (None: full attention), for the KV pool's
+        sizing and the blocks freed before a window (sliding_window.freeable_window)."""
+        return tuple(spec.sliding_window for spec in self.attention_specs)
 
     # ---- running ----
     def init_rope(self, max_positions: int) -> None:
@@ -116,6 +130,10 @@ class CausalLM(nn.Module):
         assert residual is not None
         return self.compute_logits(self.norm((x + residual)[logits_indices]))
 
+    def expert_tokens_total(self) -> list[list[int]]:
+        """Per MoE layer, per expert, the token -> expert assignments so far (EngineStats); [] when dense."""
+        return []
+
     def compute_logits(self, x: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
         if self.lm_head is None:
             assert isinstance(self.embed_tokens, nn.Embedding)  # a quantized one comes with its lm_head
@@ -127,6 +145,11 @@ class CausalLM(nn.Module):
         return CheckpointNames(
             dict(self.named_parameters()), self.packed_modules_mapping, self.lm_head is None
         )
+
+    def take_quantized(self, quantized: dict[str, Part]) -> dict[str, Part]:
+        """Keep the quantized weights this model installs itself (a MoE block's experts); the rest, which
+        quantization/install.py puts into the model's Linears, come back."""
+        return quantized
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy a transformers-named state dict in, fusing what packed_modules_mapping fuses."""
@@ -151,9 +174,9 @@ class CausalLM(nn.Module):
             self.norm.weight.data.mul_(logits)
         if a.residual_multiplier != 1.0:
             for layer in self.layers:
-                assert isinstance(layer, DecoderLayer) and isinstance(layer.mlp, GatedMLP)
+                assert isinstance(layer, DecoderLayer) and hasattr(layer.mlp, "scale_output")
                 layer.self_attn.scale_output(a.residual_multiplier)
-                layer.mlp.scale_output(a.residual_multiplier)
+                cast(OutputScaler, layer.mlp).scale_output(a.residual_multiplier)
 
     def weights_bytes(self) -> int:
         tensors: list[torch.Tensor] = [*self.parameters()]
@@ -180,5 +203,7 @@ class CausalLM(nn.Module):
                 module.use_kernel = use_kernels
             if isinstance(module, GatedMLP) and isinstance(module.gate_up_proj, Linear):
                 module.fused_silu_and_mul = module.gate_up_proj.fused_silu_and_mul
+            if isinstance(module, Attention):
+                module.prepare()
         if isinstance(self.lm_head, QuantizedLinear):  # interleaved: fp32 logits from the kernel, as Linear's
             self.lm_head.float_output = use_kernels and self.lm_head.all_interleaved

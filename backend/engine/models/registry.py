@@ -3,7 +3,8 @@ it, with the traits the planner and the engine read before building a model.
 
 One line per architecture. An architecture whose transformers model computes exactly what another's class
 computes is an alias: it names that class (Mistral and Qwen2 run as Llama: their biases come from the
-checkpoint's weight names, their sliding windows cap the context, kv_cache_utils). Model files are
+checkpoint's weight names, their sliding windows from the config: ModelArgs.sliding_windows; Phi-3
+checkpoints name the fused qkv_proj and gate_up_proj as the model does). Model files are
 imported when a class is asked for, so this table (and the planner, which reads its traits) needs no
 torch.
 """
@@ -23,6 +24,7 @@ class ModelTraits:
     """What is known of an architecture before its model is built (the planner's mirror reads these)."""
 
     qk_norm: bool = False  # per-head q/k RMSNorm: no captured-decode kernel for it (decode_graph)
+    rope_on_every_layer: bool = True  # False: some layers skip RoPE (SmolLM3)
 
 
 @dataclass(slots=True, frozen=True)
@@ -39,6 +41,20 @@ MODELS: dict[str, ModelEntry] = {
     "Qwen2ForCausalLM": ModelEntry("llama", "LlamaForCausalLM", ("qwen2",)),  # alias of Llama
     "Qwen3ForCausalLM": ModelEntry("qwen3", "Qwen3ForCausalLM", ("qwen3",), ModelTraits(qk_norm=True)),
     "GraniteForCausalLM": ModelEntry("granite", "GraniteForCausalLM", ("granite",)),
+    "MixtralForCausalLM": ModelEntry("mixtral", "MixtralForCausalLM", ("mixtral",)),
+    "Qwen3MoeForCausalLM": ModelEntry(
+        "qwen3_moe", "Qwen3MoeForCausalLM", ("qwen3_moe",), ModelTraits(qk_norm=True)
+    ),
+    "GraniteMoeForCausalLM": ModelEntry("granitemoe", "GraniteMoeForCausalLM", ("granitemoe",)),
+    "OlmoeForCausalLM": ModelEntry("olmoe", "OlmoeForCausalLM", ("olmoe",), ModelTraits(qk_norm=True)),
+    "Gemma3ForCausalLM": ModelEntry(
+        "gemma3", "Gemma3ForCausalLM", ("gemma3_text",), ModelTraits(qk_norm=True)
+    ),
+    "Olmo2ForCausalLM": ModelEntry("olmo2", "Olmo2ForCausalLM", ("olmo2",), ModelTraits(qk_norm=True)),
+    "Phi3ForCausalLM": ModelEntry("llama", "LlamaForCausalLM", ("phi3",)),  # alias: fused names are ours
+    "SmolLM3ForCausalLM": ModelEntry(
+        "smollm3", "SmolLM3ForCausalLM", ("smollm3",), ModelTraits(rope_on_every_layer=False)
+    ),
 }
 
 

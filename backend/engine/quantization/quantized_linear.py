@@ -131,6 +131,8 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [rows, in_features]
         rows = x.shape[0]
+        if rows == 0:  # an lm_head in a step whose prefill chunks end no prompt: the kernels need rows
+            return x.new_empty(0, self.out_features, dtype=torch.float32 if self.float_output else x.dtype)
         if self.use_kernel and self.all_interleaved and x.is_contiguous():
             if len(self.parts) == 1:  # the decode hot path: one call, nothing sliced
                 dtype = torch.float32 if self.float_output else x.dtype
