@@ -1,13 +1,24 @@
 """The expert-load picture: tokens per expert per MoE layer over the last seconds, from the difference of two
 cumulative expert_tokens_total snapshots (built by hand here), kept over a sliding window, reset by a
-relaunch, absent for a dense model; the chart draws exactly that matrix."""
+relaunch, absent for a dense model; the chart draws exactly that matrix; the Chat tab's live timer shows it
+for a MoE model served by the app's EngineHolder and hides it for a dense one."""
 
 from __future__ import annotations
 
 import pytest
 
+from backend.engine import SamplingParams
+from backend.engine.config import EngineConfig
+from backend.server.engine_holder import EngineHolder
 from backend.server.expert_load import ExpertLoad, ExpertLoadHistory, ExpertSnapshot, expert_load
-from ui import charts
+from tests.engine_utils import tiny_model
+from tests.gguf_family_utils import tiny_family_model
+from ui import charts, chat_tab
+
+
+@pytest.fixture(scope="module")
+def tiny() -> str:
+    return tiny_model("llama")[0]
 
 
 def test_the_load_is_the_difference_of_two_snapshots():
@@ -81,3 +92,35 @@ def test_the_chart_draws_the_matrix_layers_by_experts():
     assert list(heatmap.y) == ["MoE layer 0", "MoE layer 1"] and list(heatmap.x) == [0, 1, 2, 3]
     assert "last 10 s" in fig.layout.title.text and "21 token→expert" in fig.layout.title.text
     assert heatmap.customdata[1][3] == pytest.approx(8 / 11)
+
+
+def test_the_chat_tab_shows_a_moe_models_expert_load_and_hides_a_dense_ones(tiny):
+    """A tiny Qwen3-MoE (2 layers, 4 experts, top-2) served by the app's EngineHolder: every token the
+    model computed between two samples (the prompt, then each generated token but the last) is routed to
+    2 experts in each MoE layer."""
+    prompt, new = 37, 12
+    holder = EngineHolder()
+    config = EngineConfig(model=tiny_family_model("qwen3moe"), dtype="float32", kv_cache_memory_bytes=8 << 20)
+    assert holder.launch(config).state == "ready"
+    holder.samples(min_interval_s=0.0)
+    params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
+    holder.get().llm.generate([list(range(3, 3 + prompt))], params)
+    holder.samples(min_interval_s=0.0)
+    load = holder.expert_load()
+    assert load is not None and len(load.tokens) == 2 and all(len(row) == 4 for row in load.tokens)
+    assert [sum(row) for row in load.tokens] == [(prompt + new - 1) * 2] * 2
+    *_, update = chat_tab.refresh_live(holder)
+    assert update["visible"] and [list(r) for r in update["value"].data[0].z] == load.tokens
+    holder.shutdown()
+    dense = EngineHolder()
+    assert (
+        dense.launch(EngineConfig(model=tiny, dtype="float32", kv_cache_memory_bytes=8 << 20)).state
+        == "ready"
+    )
+    dense.samples(min_interval_s=0.0)
+    dense.samples(min_interval_s=0.0)
+    assert dense.expert_load() is None and chat_tab.refresh_live(dense)[-1] == {
+        "__type__": "update",
+        "visible": False,
+    }
+    dense.shutdown()

@@ -238,8 +238,8 @@ def speculation_html(sample: dict[str, Any]) -> str:
 
 
 def refresh_live(holder: EngineHolder, is_public: bool = False, external: Any = None) -> tuple:
-    """Timer handler: (numbers, live chart, KV block map) from the shared sample history; from the /metrics
-    of an external engine launched from the Launch tab while one is ready.
+    """Timer handler: (numbers, live chart, KV block map, expert load) from the shared sample history; from
+    the /metrics of an external engine launched from the Launch tab while one is ready (no expert load).
 
     In public mode prefix-cache hits are not shown and the block map neither tells requests apart nor
     marks shared blocks: either would let a visitor see whether someone else sent a prompt with the same
@@ -248,15 +248,16 @@ def refresh_live(holder: EngineHolder, is_public: bool = False, external: Any = 
     if server is not None:
         samples = server.samples()
         if not samples:
-            return live_now_html(None), gr.skip(), gr.skip()
+            return live_now_html(None), gr.skip(), gr.skip(), gr.update(visible=False)
         return (
             live_now_html(samples[-1]),
             charts.live_figure(samples, title=f"{server.engine} /metrics"),
             gr.skip(),
+            gr.update(visible=False),  # /metrics has no per-expert counts
         )
     samples = holder.samples()
     if not samples:
-        return live_now_html(None), gr.skip(), gr.skip()
+        return live_now_html(None), gr.skip(), gr.skip(), gr.update(visible=False)
     stats = holder.last_stats()
     owners = stats.block_owners if stats is not None else {}
     shared = stats.shared_blocks if stats is not None else {}
@@ -266,7 +267,15 @@ def refresh_live(holder: EngineHolder, is_public: bool = False, external: Any = 
         shared = {}
     total = stats.num_kv_blocks_total if stats is not None else 0
     block_map = charts.kv_block_map_figure(owners, total, shared_blocks=shared) if total else gr.skip()
-    return live_now_html(samples[-1]), charts.live_figure(samples), block_map
+    return live_now_html(samples[-1]), charts.live_figure(samples), block_map, expert_load_update(holder)
+
+
+def expert_load_update(holder: EngineHolder) -> Any:
+    """The expert-load heatmap of a MoE model (tokens per expert per layer, last seconds); else hidden."""
+    load = holder.expert_load()
+    if load is None:
+        return gr.update(visible=False)
+    return gr.update(value=charts.expert_load_figure(load), visible=True)
 
 
 def build(ctx: AppContext, demo: gr.Blocks) -> gr.Timer:
@@ -315,6 +324,9 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.Timer:
             live = gr.Plot(label="Live engine metrics (1 s)", elem_id="live-chart")
             load.build(ctx)
             block_map = gr.Plot(label="KV blocks by request", elem_id="kv-block-map")
+            expert_map = gr.Plot(  # shown for mixture-of-experts models only
+                label="Expert load (tokens per expert, per MoE layer)", elem_id="expert-load", visible=False
+            )
 
     async def on_chat(data: dict, request: gr.Request) -> AsyncIterator[tuple]:
         async for update in chat(ctx, form_values(form, data), ctx.client_of(request)):
@@ -338,7 +350,7 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.Timer:
     timer.tick(
         lambda: refresh_live(ctx.holder, ctx.policy.is_public, ctx.external),
         None,
-        [now, live, block_map],
+        [now, live, block_map, expert_map],
         show_progress="hidden",
     )
     return timer
