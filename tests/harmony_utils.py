@@ -1,7 +1,7 @@
-"""A tiny tokenizer that speaks gpt-oss's harmony format, and a tiny random Llama that uses it (no tests
-here). The tokenizer is the default model's byte-level BPE plus harmony's control tokens as special tokens,
-with gpt-oss's real chat template (llama.cpp keeps it as models/templates/openai-gpt-oss-120b.jinja) and
-<|return|> as its end of sequence, as transformers' GptOss tokenizer config has them."""
+"""A tiny tokenizer that speaks gpt-oss's harmony format (no tests here; tests/gpt_oss_utils.py's tiny gpt-oss
+uses it). The tokenizer is the default model's byte-level BPE plus harmony's control tokens as special
+tokens, with gpt-oss's real chat template (llama.cpp keeps it as models/templates/openai-gpt-
+oss-120b.jinja) and <|return|> as its end of sequence, as transformers' GptOss tokenizer config has them."""
 
 from __future__ import annotations
 
@@ -54,30 +54,3 @@ def harmony_tokenizer():
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(harmony_tokenizer_dir())
-
-
-@cache
-def tiny_harmony_llama() -> str:
-    """A tiny random Llama whose tokenizer and chat template are gpt-oss's (harmony), eos <|return|>:
-    a stand-in until the engine runs gpt-oss itself, for the server and the Chat tab."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    tokenizer = harmony_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|return|>"),
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    path = _ROOT / "llama"
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)

@@ -12,14 +12,15 @@ import pytest
 from backend.engine import SamplingParams
 from backend.engine.sampling_params import StructuredOutputsParams
 from backend.server.harmony import HarmonyParser
-from tests.harmony_utils import HARMONY_GRAMMAR, tiny_harmony_llama
+from tests.gpt_oss_utils import tiny_gpt_oss
+from tests.harmony_utils import HARMONY_GRAMMAR
 from tests.server_utils import start_engine
 from ui import chat_tab
 
 
 @pytest.fixture(scope="module")
 def engine():
-    engine = start_engine(tiny_harmony_llama(), max_num_seqs=2, num_kv_blocks=64, max_model_len=512)
+    engine = start_engine(tiny_gpt_oss(), max_num_seqs=2, num_kv_blocks=64, max_model_len=512)
     yield engine
     engine.shutdown()
 

@@ -1,8 +1,9 @@
-"""`app.py serve` with a model whose tokenizer speaks harmony (gpt-oss's tokenizer tokens and chat template on
-a tiny random Llama), driven by the real openai client: chat completions carry vLLM's reasoning_content
-beside content, whole and streamed. A grammar over harmony's special tokens (llguidance) makes the random
-model answer in harmony's shape; the same request on /v1/completions with special tokens kept gives the raw
-text, which says independently what each field must hold."""
+"""`app.py serve` with a tiny random gpt-oss (tests/gpt_oss_utils.py: harmony's control tokens and gpt-oss's
+chat template on the default tokenizer), driven by the real openai client: chat completions carry vLLM's
+reasoning_content beside content, whole and streamed (n=2: each choice its own). A grammar over harmony's
+special tokens (llguidance) makes the random model answer in harmony's shape; the same request on
+/v1/completions with special tokens kept gives the raw text, which says independently what each field must
+hold."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import re
 import pytest
 from openai import OpenAI
 
-from tests.harmony_utils import HARMONY_GRAMMAR, harmony_tokenizer, tiny_harmony_llama
+from tests.gpt_oss_utils import tiny_gpt_oss
+from tests.harmony_utils import HARMONY_GRAMMAR, harmony_tokenizer
 from tests.server_utils import ServeProcess
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]
@@ -24,7 +26,7 @@ RAW = re.compile(
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("harmony") / "serve.log"
-    args = ("--model", tiny_harmony_llama(), "--num-kv-blocks", "128", "--max-model-len", "512")
+    args = ("--model", tiny_gpt_oss(), "--num-kv-blocks", "128", "--max-model-len", "512")
     proc = ServeProcess(log, *args, "--served-model-name", "tiny-harmony")
     yield proc
     proc.stop()
