@@ -123,3 +123,43 @@ def test_dequantize_weights_gives_transformers_dense_experts_exactly():
     expected = [hf_greedy(hf_model(mxfp4=True), p, MAX_TOKENS) for p in requests]
     assert generate(dense, requests) == expected
     assert_engine_clean(dense)
+
+
+def test_the_captured_decode_step_covers_sinks_windows_and_mxfp4_experts():
+    """bf16, the MXFP4 experts on csrc/moe.cpp: the captured decode step (attention with sinks and windows,
+    one MoE call per layer) gives the modules' logits bit for bit, while batches shrink and grow."""
+    from backend.engine.device import cpu_has_fast_bf16
+    from backend.engine.graph_ops import Signature
+
+    if not cpu_has_fast_bf16():
+        pytest.skip("this CPU's kernels cannot capture the model (no AVX512_BF16 gemm_bf16)")
+    engines = {
+        eager: LLM(tiny_gpt_oss_mxfp4(), dtype="bfloat16", device="cpu", enforce_eager=eager, **STRESS)
+        for eager in (True, False)
+    }
+    graph = engines[False].llm_engine.runner.decode_graph
+    assert graph is not None
+    assert len([op for op in graph.ops if op.signature == Signature.MOE]) == 4
+    logits: dict[bool, list[torch.Tensor]] = {True: [], False: []}
+    for eager, llm in engines.items():
+        execute = llm.llm_engine.runner.execute
+
+        def record(scheduled, execute=execute, eager=eager):
+            sampling, out = execute(scheduled)
+            logits[eager].append(out.clone())
+            return sampling, out
+
+        llm.llm_engine.runner.execute = record
+    captured_steps = []
+    run = graph.run
+    graph.run = lambda step: captured_steps.append(step) or run(step)
+    requests = batch()
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (12, 30, 7, 20, 9)]
+    params = (params * 2)[: len(requests)]
+    tokens = {eager: llm.generate(requests, params) for eager, llm in engines.items()}
+    assert [o.outputs[0].token_ids for o in tokens[False]] == [o.outputs[0].token_ids for o in tokens[True]]
+    assert len(logits[False]) == len(logits[True]) and len(captured_steps) > 20
+    for step, (captured, eager) in enumerate(zip(logits[False], logits[True], strict=True)):
+        assert torch.equal(captured, eager), f"step {step}: logits differ"
+    for llm in engines.values():
+        assert_engine_clean(llm)
