@@ -3,7 +3,9 @@ alternating, window 8 with prompts far past it; attention biases and sinks; YaRN
 the clamped SwiGLU) greedy token-identical to transformers (eager attention) with chunked prefill, prefix
 caching and preemption on. Its MXFP4 checkpoint (openai's on-disk layout) keeps the experts as stored
 blocks and gives the tokens, and the logprobs within fp32 summation error, of transformers' own MXFP4
-loader's dequantized model; dequantize_weights gives transformers' dense experts exactly."""
+loader's dequantized model; dequantize_weights gives transformers' dense experts exactly. llama.cpp's
+converter's GGUF files of both run too: F32 token-identical, the MXFP4 experts kept as stored with the
+tokens of transformers' dequantized model."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from backend.engine import LLM, SamplingParams
 from backend.engine.layers.fused_moe import FusedMoE
 from backend.engine.models.gpt_oss import GptOssForCausalLM
 from tests.engine_utils import assert_engine_clean, hf_greedy, prompts
+from tests.gguf_utils import convert_hf_to_gguf
 from tests.gpt_oss_utils import SLIDING_WINDOW, tiny_gpt_oss, tiny_gpt_oss_mxfp4
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -163,3 +166,18 @@ def test_the_captured_decode_step_covers_sinks_windows_and_mxfp4_experts():
         assert torch.equal(captured, eager), f"step {step}: logits differ"
     for llm in engines.values():
         assert_engine_clean(llm)
+
+
+@pytest.mark.parametrize("mxfp4", [False, True], ids=["f32", "mxfp4"])
+def test_llama_cpp_gguf_files_run_token_identical(mxfp4):
+    """The converter's F32 file of each checkpoint (it repacks MXFP4 experts as GGUF MXFP4 and splits
+    gate_up and its bias into gate and up): experts kept as the file stores them."""
+    folder = tiny_gpt_oss_mxfp4() if mxfp4 else tiny_gpt_oss()
+    path = str(convert_hf_to_gguf(folder, "f32")["f32"])
+    llm = LLM(path, dtype="float32", device="cpu", enable_prefix_caching=True, **STRESS)
+    if mxfp4:
+        assert "MXFP4" in (llm.stats().quantization or "")
+    requests = batch()
+    expected = [hf_greedy(hf_model(mxfp4), p, MAX_TOKENS) for p in requests]
+    assert generate(llm, requests) == expected
+    assert_engine_clean(llm)
