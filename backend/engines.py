@@ -22,16 +22,26 @@ class EngineTraits:
     kv_sizing: KVSizing
     cuda_graphs: bool  # captures CUDA graphs (their memory counts against the budget)
     runs_on_cpu: bool  # also serves on a CPU-only host
+    # its pool is a share of the GPU's whole memory (gpu_memory_utilization, SGLang's mem_fraction_static,
+    # TGI's cuda_memory_fraction): raising the share is advice that helps. TensorRT-LLM's share is of what
+    # the weights leave, and context-sized engines take no share.
+    sized_by_utilization: bool = False
 
 
 ENGINE_TRAITS: dict[str, EngineTraits] = {
     t.name: t
     for t in (
-        EngineTraits("vllm", "vLLM", "budget", cuda_graphs=True, runs_on_cpu=False),
-        EngineTraits("sglang", "SGLang", "budget", cuda_graphs=True, runs_on_cpu=False),
+        EngineTraits(
+            "vllm", "vLLM", "budget", cuda_graphs=True, runs_on_cpu=False, sized_by_utilization=True
+        ),
+        EngineTraits(
+            "sglang", "SGLang", "budget", cuda_graphs=True, runs_on_cpu=False, sized_by_utilization=True
+        ),
         EngineTraits("trtllm", "TensorRT-LLM", "budget", cuda_graphs=True, runs_on_cpu=False),
-        EngineTraits("tgi", "TGI", "budget", cuda_graphs=False, runs_on_cpu=False),
-        EngineTraits("mii", "DeepSpeed-MII", "budget", cuda_graphs=False, runs_on_cpu=False),
+        EngineTraits("tgi", "TGI", "budget", cuda_graphs=False, runs_on_cpu=False, sized_by_utilization=True),
+        EngineTraits(
+            "mii", "DeepSpeed-MII", "budget", cuda_graphs=False, runs_on_cpu=False, sized_by_utilization=True
+        ),
         EngineTraits("llamacpp", "llama.cpp", "context", cuda_graphs=False, runs_on_cpu=True),
         EngineTraits("ollama", "Ollama", "context", cuda_graphs=False, runs_on_cpu=True),
         EngineTraits("embedded", "Embedded engine", "own", cuda_graphs=False, runs_on_cpu=True),

@@ -5,7 +5,6 @@ transformers' definitions of sliding windows, soft-caps and sinks)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -13,15 +12,6 @@ import torch.nn.functional as F
 from backend.engine.attention import from_cache, to_cache
 from backend.engine.cpu_kernels import PrefillKernelInputs
 
-CPUINFO = Path("/proc/cpuinfo")
-CPU_FLAGS = next(
-    (
-        line.split()
-        for line in (CPUINFO.read_text() if CPUINFO.exists() else "").splitlines()
-        if line.startswith("flags")
-    ),
-    [],
-)
 # (new tokens, cached prefix) per chunk: no prefix, one-token chunks, prefixes ending mid-block, a chunk
 # longer than the kernel's key tile of 64 and query tile, lengths around block boundaries
 CHUNKS = ((70, 0), (1, 0), (5, 35), (33, 67), (130, 170), (17, 0), (1, 40))

@@ -15,7 +15,7 @@ import pytest
 
 from tests.common_utils import ROOT, free_port, stop_process
 
-SHOTS = ROOT / "assets" / "screenshots"
+SHOTS = ROOT / "docs" / "img"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 LOAD_S = 240_000  # ms: the default model loads in ~20-60 s on 2 busy cores
@@ -53,8 +53,8 @@ def app_server(log_path: Path):
 
 
 @contextmanager
-def browser_page(server: str):
-    """A chromium page on the app, once Gradio has rendered it."""
+def browser_page(server: str, width: int = 1440, height: int = 1000):
+    """A chromium page (width x height CSS pixels) on the app, once Gradio has rendered it."""
     from playwright.sync_api import sync_playwright
 
     if not Path(CHROMIUM).exists():
@@ -62,7 +62,7 @@ def browser_page(server: str):
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1440, "height": 1000}, accept_downloads=True)
+        context = browser.new_context(viewport={"width": width, "height": height}, accept_downloads=True)
         page = context.new_page()
         page.set_default_timeout(30_000)
         page.goto(server + "/")
@@ -102,5 +102,5 @@ def choose(page, elem_id: str, value: str) -> None:
     page.locator("ul[role=listbox]").first.wait_for(state="hidden")
 
 
-def shot(page, name: str) -> None:
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+def shot(page, name: str, full_page: bool = True) -> None:
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=full_page)

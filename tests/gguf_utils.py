@@ -10,14 +10,17 @@ valid blocks in the published layout (every byte pattern decodes)."""
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter, quantize
 
+from backend.bench.llamacpp_tools import (  # noqa: F401 (the tests' import point)
+    CONVERTER_TYPES,
+    convert_hf_to_gguf,
+    llama_cpp_dir,
+    llama_quantize,
+)
 from backend.default_model import packaged_gguf
 
 Q = GGMLQuantizationType
@@ -106,51 +109,9 @@ def write_tiny_gguf(
     return path
 
 
-# --- GGUF files written by llama.cpp's own tools, from the llama-cpp-python sdist (`make llama-cpp-src`)
-
-REPO = Path(__file__).resolve().parent.parent
-CONVERTER_TYPES = ("f32", "f16", "bf16", "q8_0")  # what convert_hf_to_gguf.py --outtype writes
-
-
-def llama_cpp_dir(kind: str = "src") -> Path:
-    """.cache/llama.cpp/<kind>-<version> (the version the Makefile pins): src (make llama-cpp-src, part of
-    make test) or build (make llama-cpp: llama-bench, llama-batched-bench, llama-quantize)."""
-    version = re.search(r"^LLAMA_CPP_PYTHON := (\S+)$", (REPO / "Makefile").read_text(), re.MULTILINE)
-    assert version, "the Makefile pins LLAMA_CPP_PYTHON"
-    folder = REPO / ".cache" / "llama.cpp" / f"{kind}-{version.group(1)}"
-    stamp = folder / (".unpacked" if kind == "src" else ".built")
-    if not stamp.is_file():
-        target = "llama-cpp-src" if kind == "src" else "llama-cpp"
-        raise RuntimeError(f"llama.cpp's {kind} is not at {folder}: run `make {target}` first")
-    return folder
-
-
-_CONVERT_EACH = """import os, runpy, sys
-converter, folder, *pairs = sys.argv[1:]
-sys.path.insert(0, os.path.dirname(converter))  # its conversion/ package, as `python converter` would
-for outtype, out in zip(pairs[::2], pairs[1::2]):
-    sys.argv = [converter, folder, "--outtype", outtype, "--outfile", out]
-    runpy.run_path(converter, run_name="__main__")
-"""
-
-
-def convert_hf_to_gguf(folder: str | Path, *outtypes: str) -> dict[str, Path]:
-    """{outtype: <folder>-<OUTTYPE>.gguf}, written by llama.cpp's convert_hf_to_gguf.py (which puts its own,
-    newer gguf-py first on sys.path) in one subprocess of this Python; each file written once, then reused."""
-    if unknown := [t for t in outtypes if t not in CONVERTER_TYPES]:
-        raise ValueError(f"the converter writes {', '.join(CONVERTER_TYPES)}; got {unknown}")
-    folder = Path(folder)
-    outs = {outtype: folder.parent / f"{folder.name}-{outtype.upper()}.gguf" for outtype in outtypes}
-    missing = [arg for outtype, out in outs.items() if not out.is_file() for arg in (outtype, str(out))]
-    if missing:
-        converter = llama_cpp_dir() / "convert_hf_to_gguf.py"
-        command = [sys.executable, "-c", _CONVERT_EACH, str(converter), str(folder), *missing]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=900)
-        if result.returncode != 0:
-            for out in outs.values():
-                out.unlink(missing_ok=True)
-            raise RuntimeError(f"convert_hf_to_gguf.py failed on {folder}:\n{result.stderr[-3000:]}")
-    return outs
+# --- GGUF files written by llama.cpp's own tools, from the llama-cpp-python sdist (`make llama-cpp-src`):
+# convert_hf_to_gguf, llama_cpp_dir, llama_quantize (backend/bench/llamacpp_tools.py, which the speed
+# benchmarks share)
 
 
 def requantize(path: Path, qtype: GGMLQuantizationType) -> Path:
@@ -181,17 +142,4 @@ def requantize(path: Path, qtype: GGMLQuantizationType) -> Path:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return out
-
-
-def llama_quantize(path: Path, type_name: str, *extra: str) -> Path:
-    """The file quantized by llama.cpp's llama-quantize (make llama-cpp) to type_name (Q4_0, Q4_K_M, ...)."""
-    out = path.with_name(path.name.replace(".gguf", f"-{type_name}.gguf"))
-    if not out.is_file():
-        binary = llama_cpp_dir("build") / "bin" / "llama-quantize"
-        result = subprocess.run(
-            [str(binary), *extra, str(path), str(out), type_name], capture_output=True, text=True
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"llama-quantize failed on {path}:\n{result.stderr[-3000:]}")
     return out

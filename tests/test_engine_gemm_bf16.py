@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from backend.cpu_features import cpu_features
 from backend.engine import LLM, SamplingParams, cpu_kernels
 from backend.engine.layers.linear import Linear
 from backend.engine.layers.mlp import GatedMLP
@@ -21,10 +22,7 @@ from tests.common_utils import ROOT
 from tests.engine_utils import assert_engine_clean, count_identical_within_top5, prompts, tiny_model
 from tests.gemm_utils import within_rounding
 
-
-def cpu_has(flag: str) -> bool:
-    return flag in cpu_kernels._cpu_id().split()
-
+CPU = cpu_features()  # the flags that decide which instruction-set builds run here
 
 needs_gemm = pytest.mark.skipif(
     not cpu_kernels.gemm_bf16_enabled(),
@@ -134,6 +132,7 @@ import torch
 from backend.engine import cpu_kernels
 from backend.engine.layers.linear import Linear
 from tests.gemm_utils import within_rounding
+
 torch.manual_seed(0)
 layer = Linear(96, 40, bias=True).bfloat16()
 weight, bias = layer.weight.detach().clone(), layer.bias.detach().clone()
@@ -152,12 +151,14 @@ print("gemm_bf16", layer.native_weight is not None)
         "haswell",
         "x86-64",
         pytest.param(
-            "skylake-avx512", marks=pytest.mark.skipif(not cpu_has("avx512bw"), reason="no AVX-512")
+            "skylake-avx512",
+            marks=pytest.mark.skipif(not CPU.has("avx512bw"), reason="no AVX-512"),
         ),
         pytest.param(
-            "cooperlake", marks=pytest.mark.skipif(not cpu_has("avx512_bf16"), reason="no AVX512_BF16")
+            "cooperlake",
+            marks=pytest.mark.skipif(not CPU.has_avx512_bf16, reason="no AVX512_BF16"),
         ),
-        pytest.param("sapphirerapids", marks=pytest.mark.skipif(not cpu_has("amx_bf16"), reason="no AMX")),
+        pytest.param("sapphirerapids", marks=pytest.mark.skipif(not CPU.has_amx_bf16, reason="no AMX")),
     ],
 )
 def test_each_instruction_set_build_picks_its_gemm(march):
@@ -169,7 +170,7 @@ def test_each_instruction_set_build_picks_its_gemm(march):
         [sys.executable, "-c", CHECK_BUILD], env=env, capture_output=True, text=True, cwd=ROOT
     )
     assert result.returncode == 0, result.stderr
-    native = march == "sapphirerapids" or (march == "cooperlake" and not cpu_has("amx_bf16"))
+    native = march == "sapphirerapids" or (march == "cooperlake" and not CPU.has_amx_bf16)
     assert f"gemm_bf16 {native}" in result.stdout
     assert ("AMX tiles" in result.stdout) == (march == "sapphirerapids")
 

@@ -12,10 +12,13 @@ import sys
 import pytest
 import torch
 
+from backend.cpu_features import cpu_features
 from backend.engine import LLM, SamplingParams, cpu_kernels
-from tests.attention_utils import CPU_FLAGS, prefill_case, reference_prefill
+from tests.attention_utils import prefill_case, reference_prefill
 from tests.common_utils import ROOT
 from tests.engine_utils import assert_engine_clean, hf_greedy, prompts, tiny_model
+
+CPU = cpu_features()  # the flags that decide which instruction-set builds run here
 
 pytestmark = [
     pytest.mark.usefixtures("one_torch_thread"),
@@ -83,7 +86,7 @@ def test_every_work_item_is_done_once_on_several_threads(threads):
 CHECK_BUILD = """
 import torch
 from backend.engine import cpu_kernels
-from tests.attention_utils import CPU_FLAGS, Features, prefill_case, reference_prefill
+from tests.attention_utils import Features, prefill_case, reference_prefill
 from tests.attention_utils import decode_inputs, reference_decode, reference_prefill_features
 print("bf16 dot", int(cpu_kernels.prefill_attention_bf16_dot()))
 for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
@@ -120,11 +123,11 @@ print("prefill ok")
         ("x86-64", 0),  # plain C++
         ("haswell", 0),  # AVX2 + FMA
         pytest.param(
-            "skylake-avx512", 0, marks=pytest.mark.skipif("avx512bw" not in CPU_FLAGS, reason="no AVX-512")
+            "skylake-avx512",
+            0,
+            marks=pytest.mark.skipif(not CPU.has("avx512bw"), reason="no AVX-512"),
         ),
-        pytest.param(
-            "native", 1, marks=pytest.mark.skipif("avx512_bf16" not in CPU_FLAGS, reason="no AVX512_BF16")
-        ),
+        pytest.param("native", 1, marks=pytest.mark.skipif(not CPU.has_avx512_bf16, reason="no AVX512_BF16")),
     ],
 )
 def test_each_instruction_set_build_computes_the_same(march, bf16_dot):

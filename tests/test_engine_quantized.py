@@ -10,7 +10,6 @@ import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES, dequantize
 
+from backend.cpu_features import AVX512_CORE, cpu_features
 from backend.engine import LLM, SamplingParams, cpu_kernels
 from backend.engine.quantization.gguf_blocks import KEPT_TYPES
 from backend.engine.quantization.gguf_blocks import dequantize as torch_dequantize
@@ -26,6 +26,8 @@ from backend.engine.quantization.quantized_linear import QuantizedLinear, Scratc
 from tests.common_utils import ROOT
 from tests.engine_utils import assert_engine_clean, count_identical_within_top5
 from tests.gguf_utils import Q, random_blocks, write_tiny_gguf
+
+CPU = cpu_features()  # the flags that decide which instruction-set builds run here
 
 needs_kernels = pytest.mark.skipif(
     not cpu_kernels.supports(torch.device("cpu"), torch.float32), reason="no C++ compiler"
@@ -110,6 +112,7 @@ from gguf import dequantize
 from backend.engine import cpu_kernels
 from backend.engine.quantization.gguf_blocks import KEPT_TYPES
 from tests.gguf_utils import random_blocks
+
 print(cpu_kernels.build_flags())
 gemm_rows = cpu_kernels.quant_gemm_max_rows()
 for qtype, name in KEPT_TYPES.items():
@@ -134,15 +137,6 @@ for qtype, name in KEPT_TYPES.items():
 """
 
 
-def cpu_has(*flags: str) -> bool:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    present = next((line for line in text.splitlines() if line.startswith("flags")), "").split()
-    return all(flag in present for flag in flags)
-
-
 @needs_kernels
 @pytest.mark.slow
 @pytest.mark.parametrize(
@@ -153,17 +147,13 @@ def cpu_has(*flags: str) -> bool:
         pytest.param(  # AVX-512 without bf16 dot products: bf16 activations converted to fp32
             "skylake-avx512",
             "AVX-512;",
-            marks=pytest.mark.skipif(
-                not cpu_has("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"), reason="no AVX-512"
-            ),
+            marks=pytest.mark.skipif(not CPU.has_avx512, reason="no AVX-512"),
         ),
         pytest.param(
             "cooperlake",
             "AVX-512 (bf16 dot products);",
             marks=pytest.mark.skipif(
-                not cpu_has(
-                    "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd", "avx512_vnni", "avx512_bf16"
-                ),
+                not CPU.has(*AVX512_CORE, "avx512_vnni", "avx512_bf16"),
                 reason="no AVX-512 bf16",
             ),
         ),

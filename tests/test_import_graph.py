@@ -1,5 +1,6 @@
 """backend/ is a layer below ui/ and app.py: its import graph (read from the source, lazy imports included)
-has no cycles, and no backend module imports ui, app or gradio."""
+has no cycles, and no backend module imports ui, app or gradio. ui/ has no cycles either, among its own
+modules or through backend."""
 
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ def imported_names(path: Path, package: str) -> set[str]:
     return names
 
 
-def backend_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
-    """(module -> the backend modules it imports, module -> the ui/app/gradio modules it imports)."""
-    files = {module_name(p): p for p in (ROOT / "backend").rglob("*.py")}
+def backend_graph(*packages: str) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """(module -> the modules of these packages it imports, module -> the ui/app/gradio modules it imports),
+    over backend/ and any other top-level packages named (e.g. "ui")."""
+    files = {module_name(p): p for package in ("backend", *packages) for p in (ROOT / package).rglob("*.py")}
     graph, external = {}, {}
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -74,6 +76,15 @@ def test_backend_has_no_import_cycles():
     graph, _ = backend_graph()
     cycle = find_cycle(graph)
     assert cycle is None, f"import cycle under backend/: {' -> '.join(cycle or [])}"
+
+
+def test_ui_has_no_import_cycles():
+    graph, _ = backend_graph("ui")
+    assert "ui.engine_access" in graph["ui.structured_panel"]  # ui modules are in the graph ...
+    assert "ui.launch_tab" in graph["ui.engine_access"]
+    assert "backend.engine.config" in graph["ui.launch_tab"]  # ... with their backend imports
+    cycle = find_cycle(graph)
+    assert cycle is None, f"import cycle under ui/: {' -> '.join(cycle or [])}"
 
 
 def test_backend_imports_no_ui_app_or_gradio():

@@ -1,6 +1,6 @@
 """Real vLLM from the page (Debian's chromium via Playwright, against `python app.py`): start it under
 Launch → External engines, chat with it while the live chart reads its /metrics, compare it with the
-embedded engine on a small workload, stop it. Saves assets/screenshots/compare.png (the README shows it)."""
+embedded engine on a small workload, stop it. Saves docs/img/compare.png (the README shows it)."""
 
 from __future__ import annotations
 

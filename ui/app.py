@@ -49,6 +49,8 @@ CSS = """
 /* Launch form: a label too long for its column wraps instead of being cut (vLLM's names have no spaces) */
 #launch-form [data-testid="block-info"], #launch-form .checkbox-container span {
   max-width: 100%; white-space: normal; overflow-wrap: anywhere; }
+/* A narrow screen stacks the Plan tab's columns: the result first, the form below it */
+@media (max-width: 640px) { #plan-result { order: -1; } }
 /* Compare: its fifteen columns (speed, memory, plan, quality) fit the page; long cells wrap */
 #compare-table { table-layout: fixed; width: 100%; font-size: 0.85em; }
 #compare-table th, #compare-table td { white-space: normal; overflow-wrap: anywhere; padding: 4px; }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -11,10 +10,10 @@ from typing import Any
 import gradio as gr
 
 from backend.engine.sampling_params import SamplingParams
-from backend.server.engine_holder import EngineHolder, EngineState
+from backend.server.engine_holder import EngineHolder
 from backend.server.harmony import HarmonyParser
 from backend.server.limits import engine_input_limits
-from ui import charts, launch_tab, load, structured_panel
+from ui import charts, load, structured_panel
 from ui.common import (
     AppContext,
     describe,
@@ -29,6 +28,7 @@ from ui.common import (
     required_int,
     tok_s,
 )
+from ui.engine_access import ensure_engine
 from ui.inputs import form_number, form_slider
 
 DEFAULT_SYSTEM = "You are a helpful assistant. Answer briefly."
@@ -60,29 +60,6 @@ def prompt_token_ids(engine: Any, system: str, history: list[dict[str, str]]) ->
     messages = ([{"role": "system", "content": system}] if system.strip() else []) + history
     text = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return engine.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-async def ensure_engine(ctx: AppContext) -> tuple[Any | None, str]:
-    """The serving engine (also while another loads); launches the default model if none was launched
-    (locally); (None, why) on failure."""
-    holder = ctx.holder
-    if holder.get() is not None:
-        return holder.get(), ""
-    if holder.status().state == EngineState.STOPPED:
-        if ctx.policy.is_public:  # visitors do not control the engine; its owner launches it
-            return None, "the engine is stopped; the owner of this app launches it (Launch tab, admin token)"
-        await asyncio.to_thread(launch_tab.launch_default, ctx)
-    while holder.status().state == EngineState.LOADING and holder.get() is None:
-        await asyncio.sleep(0.5)
-    status = holder.status()
-    if status.state == EngineState.FAILED:
-        return None, f"the engine failed to load ({status.error}); fix it in the Launch tab"
-    engine = holder.get()
-    return (
-        (engine, "")
-        if engine is not None
-        else (None, "the engine is stopped; press Launch in the Launch tab")
-    )
 
 
 def reply_stats(started: float, first_token: float | None, finished: float, tokens: int, reason: str) -> str:

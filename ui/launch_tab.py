@@ -19,7 +19,7 @@ from backend.engine.stats import EngineStats
 from backend.model_names import display_name
 from backend.model_support import refuse_unsupported
 from backend.server.engine_holder import EngineHolder, EngineState, EngineStatus
-from ui import external
+from ui import external, launch_summary
 from ui.common import (
     AppContext,
     describe,
@@ -297,6 +297,23 @@ def launch_default(ctx: AppContext) -> None:
         ctx.holder.launch(default_config(ctx.default_model))
 
 
+def engine_inputs(is_public: bool) -> dict[str, gr.components.Component]:
+    """The engine's knobs, EngineConfig's fields in vLLM's names: three a row with the full names readable
+    (CSS in ui/app.py wraps them on narrower screens), then the switches two a row, help beside each."""
+    inputs = {}
+    knobs = [f for f in engine_fields() if cli_types()[f.name] is not bool]
+    for row in range(0, len(knobs), 3):
+        with gr.Row():
+            inputs.update({f.name: engine_input(f) for f in knobs[row : row + 3]})
+    hidden = {"trust_remote_code"} if is_public else set()  # refused there anyway
+    switches = [f for f in engine_fields() if f not in knobs]
+    for row in range(0, len(switches), 2):
+        with gr.Row():
+            for f in switches[row : row + 2]:
+                inputs[f.name] = engine_input(f, visible=f.name not in hidden)
+    return inputs
+
+
 @dataclass(slots=True)
 class LaunchPanel:
     """What other tabs drive (Plan's "Launch this plan here"): the form, its messages, and the launch."""
@@ -311,20 +328,10 @@ class LaunchPanel:
 def build(ctx: AppContext, demo: gr.Blocks, plan_state: gr.State) -> LaunchPanel:
     holder = ctx.holder
     with gr.Row():
-        # the wider side: three knobs a row with vLLM's full names readable (CSS in ui/app.py wraps them
-        # on narrower screens)
+        # first what a newcomer needs: the model, what will run, the button; the engine's knobs folded below
         with gr.Column(scale=5, elem_id="launch-form"):
             inputs = {"model": gr.Textbox(ctx.shown_model, label="model", info=model_help())}
-            knobs = [f for f in engine_fields() if cli_types()[f.name] is not bool]
-            for row in range(0, len(knobs), 3):
-                with gr.Row():
-                    inputs.update({f.name: engine_input(f) for f in knobs[row : row + 3]})
-            hidden = {"trust_remote_code"} if ctx.policy.is_public else set()  # refused there anyway
-            switches = [f for f in engine_fields() if f not in knobs]
-            for row in range(0, len(switches), 2):  # two a row: each name on one line, help beside it
-                with gr.Row():
-                    for f in switches[row : row + 2]:
-                        inputs[f.name] = engine_input(f, visible=f.name not in hidden)
+            summary = launch_summary.build()
             admin = gr.Textbox(
                 label="Admin token (PLAYGROUND_ADMIN_TOKEN): launch and stop need it on this public app",
                 type="password",
@@ -341,11 +348,14 @@ def build(ctx: AppContext, demo: gr.Blocks, plan_state: gr.State) -> LaunchPanel
                 elem_id="launch-message",
                 min_height=70,  # room for the progress bar while loading
             )
+            with gr.Accordion("Engine options", open=False, elem_id="engine-options"):
+                inputs.update(engine_inputs(ctx.policy.is_public))
         with gr.Column(scale=3):
             status = gr.HTML(status_html(holder), elem_id="launch-status")
             if not ctx.policy.is_public:  # starting other programs is for the machine's owner only
                 with gr.Accordion("External engines (vLLM, SGLang, llama.cpp)", open=False):
                     external.build(ctx.external, plan_state)
+    launch_summary.wire(demo, inputs, summary, ctx.model_to_load)
 
     def on_launch(data: dict, progress: gr.Progress = gr.Progress()) -> str:  # noqa: B008 (Gradio's idiom)
         authorize = functools.partial(authorize_launch, ctx, data[admin])

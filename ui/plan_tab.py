@@ -10,7 +10,8 @@ from typing import Any
 import gradio as gr
 
 from backend.default_model import shown_name
-from backend.planner.request import ENGINES, PlanRequest
+from backend.engines import ENGINES
+from backend.planner.request import PlanRequest
 from backend.planner.sources import anonymous_hub
 from backend.planner.vllm_rules import VLLM_TARGET_VERSION
 from backend.planner.vllm_versions import version_choices
@@ -364,7 +365,7 @@ def build(ctx: AppContext, demo: gr.Blocks) -> PlanPanel:
                     "Launch the suggestion instead", visible=False, elem_id="plan-alternative"
                 )
             verdict = gr.HTML(elem_id="plan-verdict")
-        with gr.Column(scale=3):
+        with gr.Column(scale=3, elem_id="plan-result"):
             badge = gr.HTML(elem_id="plan-badge")
             kpis = gr.HTML(elem_id="plan-kpis")
             memory = gr.Plot(label="Memory per GPU", elem_id="plan-memory")

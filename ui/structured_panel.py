@@ -10,6 +10,7 @@ import gradio as gr
 from backend.server.limits import engine_input_limits
 from backend.server.tools_demo import DEMO_TOOLS, SAMPLE_SCHEMAS, run_tools_demo
 from ui.common import AppContext, describe, error_message
+from ui.engine_access import ensure_engine
 
 DEMO_QUESTION = "What is the weather in Paris in celsius?"
 
@@ -33,7 +34,6 @@ def demo_markdown(messages: list[dict[str, Any]]) -> str:
 
 def build(ctx: AppContext) -> tuple[gr.Checkbox, gr.Code]:
     """Both accordions; returns the schema controls the chat passes to its sampling parameters."""
-    from ui.chat_tab import ensure_engine
 
     with gr.Accordion("Structured output (JSON schema)", open=False, elem_id="schema-panel"):
         with gr.Row():

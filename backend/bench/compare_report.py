@@ -136,7 +136,7 @@ def fairness_line(comparison: Comparison) -> str:
     return (
         f"prefix cache: each target's prompts began with a salt of its own ({named}), so no run was served "
         f"from a cache an earlier one filled; prompt tokens: {tokens}; prefix-cache hits during each run "
-        f"(tokens, from /metrics): {hits}"
+        f"(tokens, from /metrics): {hits}."
     )
 
 
@@ -148,7 +148,7 @@ def quality_lines(comparison: Comparison) -> list[str]:
     lines = [
         f"quality: {ref.num_tokens:,} tokens of the shipped quality text (backend/quality/data) scored "
         f"against {ref.model}, PPL {ref.ppl:.3f}; a server's KL, from its top-20 prompt logprobs, is a "
-        "lower bound (≥)"
+        "lower bound (≥)."
     ]
     notes = {r.target.split(" c=")[0]: r.quality_note for r in comparison.rows() if r.quality_note}
     return lines + [f"quality of {target}: none ({note})" for target, note in notes.items()]

@@ -24,7 +24,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from backend.bench import quantized
+from backend.bench import quantized, versus_llamacpp
 from backend.bench.peer import run_vllm
 from backend.bench.step_profile import cpu_summary
 
@@ -56,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip", default="", help="comma list of modes to skip: static,cb,batch1,ttft,quant")
     parser.add_argument("--quant-repeats", type=int, default=5, help="runs of each quantized/dense test")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--peer", default="none", choices=["none", "vllm"], help="add vLLM CPU as a column")
+    peers = ["none", "vllm", "llamacpp"]  # llamacpp: decode speed on a GGUF file (versus_llamacpp.py)
+    parser.add_argument("--peer", default="none", choices=peers, help="vLLM CPU as a column, or llama.cpp")
     parser.add_argument("--peer-eager", action="store_true", help="vLLM without torch.compile")
 
 
@@ -162,6 +163,8 @@ def main(args: argparse.Namespace) -> int:
     from backend.engine import LLM
     from backend.hf_reference import load_hf_model
 
+    if args.peer == "llamacpp":  # llama.cpp runs GGUF files only: its own bench (bench/versus_llamacpp.py)
+        return versus_llamacpp.main(versus_llamacpp.parse_args(["--model", args.model] if args.model else []))
     torch.manual_seed(args.seed)
     model = args.model or default_model()
     if args.peer != "none" and str(model).endswith(".gguf"):  # the peer loads the dense folder: so do we

@@ -5,16 +5,42 @@
 
 Speed does not depend on the weights' values, so a model of a real architecture's shape with random
 weights measures what the real one would, without downloading anything. The tokenizer is the default
-model's (SmolLM2, 49,152 tokens), saved beside the weights so the folder loads like any checkpoint.
+model's (SmolLM2, 49,152 tokens), saved beside the weights so the folder loads like any checkpoint; a shape
+with a larger vocab_size keeps its own (the embedding and lm_head have the real model's rows; llama.cpp's
+converter fills the ids past the tokenizer's with [PAD<id>] tokens). Weights take transformers' own
+initialisation (normal, std initializer_range 0.02): logits over a 128k vocabulary spread by about
+0.02 * sqrt(hidden) after the final norm, far from flat.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 # Llama-3.2-1B's shape (hidden 2048, 16 layers, 32 query / 8 KV heads of 64, tied embeddings) with the
 # SmolLM2 vocabulary: 1.07B parameters.
-SHAPES = {
+SHAPES: dict[str, dict[str, Any]] = {
+    # Llama-3.2-1B exactly (its config.json): vocabulary 128,256, llama3 RoPE scaling; 1.24B parameters
+    "llama-3.2-1b": dict(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        max_position_embeddings=131072,
+        rope_parameters=dict(
+            rope_type="llama3",
+            rope_theta=500000.0,
+            factor=32.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=8192,
+        ),
+    ),
     "llama-1b": dict(
         hidden_size=2048,
         intermediate_size=8192,
@@ -58,10 +84,12 @@ def build(out: str, shape: str = "llama-1b", tokenizer: str | None = None, seed:
         )
     )
     config = config_cls(
-        vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, **SHAPES[shape]
+        **({"vocab_size": len(tok)} | SHAPES[shape]),
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
     )
     torch.manual_seed(seed)
-    model = model_cls(config).to(torch.bfloat16)
+    model = model_cls._from_config(config, dtype=torch.bfloat16)  # built in bf16: no fp32 copy
     model.save_pretrained(out)
     tok.save_pretrained(out)
     params = sum(p.numel() for p in model.parameters())

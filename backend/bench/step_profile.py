@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import resource
 import statistics
 import time
-from pathlib import Path
 
 from backend.bench.step_parts import PartTimer, label_kernels
+from backend.cpu_features import cpu_features
 
 
 def cpu_summary() -> str:
@@ -36,14 +35,7 @@ def cpu_summary() -> str:
     from backend.engine import cpu_kernels
     from backend.engine.device import cpu_has_fast_bf16
 
-    name = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    name = cpu_features().model_name
     capability = torch.backends.cpu.get_cpu_capability()
     return (
         f"CPU {name}; torch threads {torch.get_num_threads()}; torch capability {capability}; "

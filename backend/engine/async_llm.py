@@ -1,12 +1,12 @@
 """AsyncLLM: a background thread steps the engine; asyncio callers stream outputs and abort requests.
 
-All engine mutation happens on the stepping thread: add_request() and abort() only enqueue commands, so a
-caller never waits for a model step. add_request() admits a request at once, on the caller's thread:
-it validates the prompt and counts it against max_waiting_requests together with every request
-accepted but not yet scheduled, so a burst cannot overfill the queue. Outputs travel back through one
-RequestOutputCollector per request (newest output only). Whatever a request raises fails that request;
-if the stepping thread itself stops, the engine is marked dead (``errored``) and every caller, waiting
-or new, gets EngineDeadError at once.
+All engine mutation happens on the stepping thread: add_request() and abort() only enqueue typed commands
+(engine_commands.py), so a caller never waits for a model step. add_request() admits a request at once, on
+the caller's thread: it validates the prompt and counts it against max_waiting_requests together with
+every request accepted but not yet scheduled, so a burst cannot overfill the queue. Outputs travel back
+through one RequestOutputCollector per request (newest output only). Whatever a request raises fails that
+request; if the stepping thread itself stops, the engine is marked dead (``errored``) and every caller,
+waiting or new, gets EngineDeadError at once.
 
 Each step's outputs reach each event loop in one hand-over (one ``call_soon_threadsafe`` per loop per
 step, as vLLM's output handler takes one EngineCoreOutputs batch per step), not one wake-up per request.
@@ -33,6 +33,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from backend.engine.compute_threads import ComputeThreads
+from backend.engine.engine_commands import AbortRequest, AddRequest, EngineCommand, Shutdown
 from backend.engine.exceptions import EngineDeadError, EngineGenerateError, EngineOverloadedError
 from backend.engine.llm import LLM
 from backend.engine.output_collector import RequestOutputCollector
@@ -72,7 +73,7 @@ class AsyncLLM:
         if max_waiting_requests < 0:
             raise ValueError(f"max_waiting_requests must be >= 0, got {max_waiting_requests}")
         self.max_waiting_requests = max_waiting_requests
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[EngineCommand] = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards _collectors, _num_pending and _dead
         self._collectors: dict[str, RequestOutputCollector] = {}
         self._num_pending = 0  # accepted by add_request, not yet handed to the engine
@@ -214,7 +215,7 @@ class AsyncLLM:
                 self._collectors[request_id] = collector
             self._num_pending += len(requests)
         for (request_id, _, params, prompt), token_ids in zip(requests, ids, strict=True):
-            self._send(("add", request_id, prompt, token_ids, params))
+            self._send(AddRequest(request_id, prompt, token_ids, params))
         return collectors
 
     async def outputs(
@@ -232,7 +233,7 @@ class AsyncLLM:
             with self._lock:
                 self._collectors.pop(request_id, None)
             if not finished:  # the consumer went away (or the request failed: then a no-op)
-                self._send(("abort", request_id))
+                self._send(AbortRequest(request_id))
 
     async def compile_structured_output(self, params: SamplingParams) -> None:
         """Compile the request's grammar on the grammar pool and attach it to the params, so that the
@@ -274,16 +275,16 @@ class AsyncLLM:
 
     def abort(self, request_id: str) -> None:
         """Thread-safe: the request's stream ends with finish_reason "abort"."""
-        self._send(("abort", request_id))
+        self._send(AbortRequest(request_id))
 
     def shutdown(self) -> None:
         """Abort everything and stop the stepping thread (idempotent)."""
-        self._send(("stop",))
+        self._send(Shutdown())
         self._thread.join()
         self._tokenizer_executor.shutdown(wait=False)
         self.grammar_pool.shutdown()
 
-    def _send(self, command: tuple) -> None:
+    def _send(self, command: EngineCommand) -> None:
         self._commands.put(command)
         self._wakeup.set()
 
@@ -338,24 +339,29 @@ class AsyncLLM:
     def _apply_commands(self) -> bool:
         """Apply queued adds/aborts; False when asked to stop."""
         while not self._commands.empty():
-            command = self._commands.get()
-            if command[0] == "add":
-                self._add(*command[1:])
-            elif command[0] == "abort":
-                out = self.engine.abort_request(command[1])
-                if out is not None:
-                    self._deliver(command[1], out)
-            else:
-                for request_id in list(self.engine.requests):
-                    out = self.engine.abort_request(request_id)
-                    if out is not None:
-                        self._deliver(request_id, out)
-                return False
+            command: EngineCommand = self._commands.get()
+            match command:
+                case AddRequest():
+                    self._add(command)
+                case AbortRequest(request_id=request_id):
+                    self._abort(request_id)
+                case Shutdown():
+                    for request_id in list(self.engine.requests):
+                        self._abort(request_id)
+                    return False
         return True
 
-    def _add(self, request_id: str, prompt: str | None, ids: list[int], params: SamplingParams) -> None:
+    def _abort(self, request_id: str) -> None:
+        out = self.engine.abort_request(request_id)
+        if out is not None:
+            self._deliver(request_id, out)
+
+    def _add(self, command: AddRequest) -> None:
+        request_id = command.request_id
         try:
-            self.engine.add_processed_request(request_id, prompt, ids, params)
+            self.engine.add_processed_request(
+                request_id, command.prompt, command.prompt_token_ids, command.params
+            )
         except ValueError as exc:  # the request's own fault
             self._deliver(request_id, exc)
         except Exception as exc:  # anything else while adding fails this request only

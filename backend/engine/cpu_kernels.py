@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from backend.cpu_features import cpu_features
+
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("paged_attention.cpp", "layers.cpp", "quantized.cpp", "packed_rows.cpp")]
@@ -77,11 +79,10 @@ def cache_dir() -> Path:
 
 
 def _cpu_id() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    return next((line for line in text.splitlines() if line.startswith("flags")), "unknown")
+    """The CPU's flags as /proc/cpuinfo spells its line: part of the built library's cache key
+    (-march=native). Spelled as before cpu_features existed, so libraries already built stay valid."""
+    flags = cpu_features().flags
+    return "flags\t\t: " + " ".join(flags) if flags else "unknown"
 
 
 class KernelsUnavailable(Exception):

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 
 import torch
+
+from backend.cpu_features import cpu_features
 
 CPU_KV_CACHE_CAP_BYTES = 2 * 1024**3  # a shared CPU box: never take more by default
 CPU_KV_CACHE_SHARE = 0.2  # of available memory
@@ -15,13 +16,7 @@ GPU_KV_CACHE_SHARE = 0.85  # of free device memory after the weights are loaded
 @cache
 def cpu_has_fast_bf16() -> bool:
     """True when the CPU has AMX or AVX-512 bf16 (bf16 matmuls are then much faster than fp32)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        flags = ""
-    if "avx512_bf16" in flags or "amx_bf16" in flags:
-        return True
-    return torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX")
+    return cpu_features().has_fast_bf16 or torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX")
 
 
 def resolve_device(device: str) -> torch.device:

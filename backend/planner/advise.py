@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from backend.engines import CPU_ENGINES  # engines that also run on a CPU-only host
+from backend.engines import CPU_ENGINES, ENGINE_TRAITS  # CPU_ENGINES: also run on a CPU-only host
 from backend.planner.catalog import GIB, get_quantization, list_gpus, list_quantizations
 from backend.planner.estimate import Estimate, estimate_for_spec
 from backend.planner.request import PlanRequest, resolve_quant
@@ -117,7 +117,7 @@ def _shorter_context(req: PlanRequest, spec: ModelSpec, est: Estimate) -> Fix | 
 
 
 def _more_utilization(req: PlanRequest, spec: ModelSpec, est: Estimate) -> Fix | None:
-    if req.gpu_memory_utilization >= 0.95 or req.engine not in ("vllm", "sglang", "tgi", "mii"):
+    if req.gpu_memory_utilization >= 0.95 or not ENGINE_TRAITS[req.engine].sized_by_utilization:
         return None
     trial = try_estimate(req, spec, gpu_memory_utilization=0.95)
     return _fix("raise gpu_memory_utilization to 0.95", trial) if trial and trial.fits else None

@@ -13,7 +13,8 @@ import argparse
 import json
 import sys
 
-from backend.planner.request import ENGINES, USAGE_CONTEXTS
+from backend.engines import ENGINES
+from backend.planner.request import USAGE_CONTEXTS
 
 GIB = 1024**3
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import Literal
 
+from backend.cpu_features import cpu_features
 from backend.engine.cpu_quota import quota_cpus, threads_within_quota
 
 CPUIsa = Literal["amx", "avx512_bf16", "avx512", "avx2", "baseline"]
@@ -46,15 +46,6 @@ def isa_from_flags(flags: set[str]) -> CPUIsa:
     return next((isa for isa, flag in ISA_FLAGS if flag in flags), "baseline")
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
-
-
 def _engine_threads() -> int:
     """Threads torch computes on: OMP_NUM_THREADS when set, else one a physical core this process may use,
     within a container's CPU quota (the engine's limit_torch_threads)."""
@@ -71,4 +62,4 @@ def _engine_threads() -> int:
 @cache
 def local_cpu_host() -> CPUHost:
     """This machine: the engine's threads and the ISA its kernels are built for (bandwidth not measured)."""
-    return CPUHost(_engine_threads(), isa_from_flags(_cpu_flags()))
+    return CPUHost(_engine_threads(), isa_from_flags(set(cpu_features().flags)))

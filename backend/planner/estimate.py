@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from backend.engines import CPU_ENGINES
 from backend.planner import cpu_speed, memory, speed
 from backend.planner.catalog import GIB, get_gpu, get_kv_cache_dtype
 from backend.planner.memory_plan import (
@@ -183,7 +184,7 @@ def _warnings(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: MemoryPlan, 
             f"CUDA graphs (~{plan.cuda_graphs / GIB:.2f} GiB) exceed the {headroom / GIB:.2f} GiB outside "
             "gpu_memory_utilization; lower it or pass --enforce-eager"
         )
-    if lay.gpu.is_cpu and req.engine not in ("embedded", "llamacpp", "ollama"):
+    if lay.gpu.is_cpu and req.engine not in CPU_ENGINES:
         warnings.append(f"{req.engine} needs a GPU; on a CPU-only host use engine 'embedded' or 'llamacpp'")
     if req.pp > 1:
         warnings.append("pipeline parallel: decode speed assumes no micro-batch overlap (a lower bound)")

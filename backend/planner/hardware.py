@@ -6,8 +6,9 @@ No GPU (or no driver) is an answer, not an error.
 from __future__ import annotations
 
 import os
-import platform
 from dataclasses import asdict, dataclass, field
+
+from backend.cpu_features import cpu_features
 
 
 @dataclass(slots=True)
@@ -62,17 +63,6 @@ def catalog_name_for(nvml_name: str) -> str | None:
     return None
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _nvidia_gpus() -> tuple[list[LocalGPU], str]:
     try:
         import pynvml
@@ -101,7 +91,7 @@ def detect_local_hardware() -> LocalHardware:
     memory = psutil.virtual_memory()
     gpus, note = _nvidia_gpus()
     return LocalHardware(
-        cpu_model=_cpu_model(),
+        cpu_model=cpu_features().model_name,
         cpu_cores_logical=os.cpu_count() or 1,
         cpu_cores_physical=psutil.cpu_count(logical=False),
         ram_total_bytes=int(memory.total),

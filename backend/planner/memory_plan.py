@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from backend.engine.decode_graph_memory import DecodeGraphShape, decode_graph_bytes
 from backend.engine.models.registry import traits_of
 from backend.engine.sliding_window import blocks_per_sequence, freeable_window, kv_cache_bytes
-from backend.engines import CONTEXT_ENGINES, GRAPH_ENGINES
+from backend.engines import CONTEXT_ENGINES, ENGINE_TRAITS, GRAPH_ENGINES
 from backend.planner import memory
 from backend.planner.catalog import GIB, GPU, KVCacheDtype, Quantization
 from backend.planner.request import PlanRequest
@@ -280,7 +280,7 @@ def _context_engine(req: PlanRequest, spec: ModelSpec, lay: Layout, plan: Memory
 
 def _fit(req: PlanRequest, lay: Layout, plan: MemoryPlan) -> tuple[bool, str]:
     usable, max_len = lay.gpu.usable_bytes, plan.max_model_len
-    if req.engine in CONTEXT_ENGINES or req.engine == "embedded":
+    if ENGINE_TRAITS[req.engine].kv_sizing != "budget":  # no share of memory to fill: it must fit
         if plan.total > usable:
             return False, f"needs {_gib(plan.total)} per GPU but {lay.gpu.name} has {_gib(usable)}"
         if plan.kv_cache < plan.max_sequence_bytes:
