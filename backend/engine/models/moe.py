@@ -95,7 +95,11 @@ class MoECausalLM(CausalLM):
         loaded: dict[int, set[str]] = {}
         blocks = {i: layer.mlp for i, layer in enumerate(self.layers) if isinstance(layer.mlp, FusedMoE)}
         tensors: list[tuple[str, ExpertTensor]] = [*moe.items(), *self.pending_experts.items()]
-        for name, tensor in tensors:
+        moe.clear()
+        self.pending_experts = {}
+        tensors.reverse()
+        while tensors:  # each tensor as read dropped once loaded, so the experts are not held twice
+            name, tensor = tensors.pop()
             found = moe_tensor(name)
             assert found is not None
             layer, rest = found
@@ -109,7 +113,6 @@ class MoECausalLM(CausalLM):
             assert weight is not None and isinstance(tensor, torch.Tensor)
             load_moe_weight(blocks[layer], weight, tensor)
             loaded.setdefault(layer, set()).add(weight.target.removesuffix("_blocks").removesuffix("_scales"))
-        self.pending_experts = {}
         for layer, projections in stacked.items():
             loaded.setdefault(layer, set()).update(_load_stacked(blocks[layer], projections))
         for layer in blocks:
