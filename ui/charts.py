@@ -9,6 +9,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from backend.server.expert_load import ExpertLoad
+
 GIB = 1024**3
 MEMORY_PARTS = (  # (Estimate key, legend label, colour)
     ("weights_bytes", "Weights", "#4f46e5"),
@@ -211,4 +213,28 @@ def kv_block_map_figure(
     fig.update_layout(plot_bgcolor="#e5e7eb")  # free blocks (None) show the background
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False, autorange="reversed")
+    return fig
+
+
+def expert_load_figure(load: ExpertLoad) -> go.Figure:
+    """MoE layers x experts, each cell the tokens routed to that expert in the load's window
+    (backend.server.expert_load computes the matrix); hover adds the share of the layer's tokens."""
+    layers = len(load.tokens)
+    experts = max((len(row) for row in load.tokens), default=0)
+    title = f"Tokens routed per expert, last {load.seconds:.0f} s ({load.total:,} token→expert assignments)"
+    fig = _figure(title, height=max(200, 90 + 18 * layers))
+    fig.add_heatmap(
+        z=load.tokens,
+        x=list(range(experts)),
+        y=[f"MoE layer {i}" for i in range(layers)],
+        customdata=load.shares(),
+        colorscale="Viridis",
+        zmin=0,
+        colorbar=dict(title="tokens"),
+        hovertemplate="%{y}, expert %{x}: %{z} tokens (%{customdata:.0%} of the layer)<extra></extra>",
+        xgap=1,
+        ygap=1,
+    )
+    fig.update_xaxes(title="expert", dtick=max(1, experts // 16))
+    fig.update_yaxes(autorange="reversed")
     return fig

@@ -31,12 +31,13 @@ def request_body(system: str, history: list[dict[str, str]], params: Any) -> dic
 
 async def stream_reply(
     server: ManagedServer, system: str, history: list[dict[str, str]], params: Any, info: dict[str, Any]
-) -> AsyncIterator[str]:
-    """Yields the text so far; fills info with first_token (a time), tokens and finish."""
+) -> AsyncIterator[tuple[str, str]]:
+    """Yields (reasoning, text) so far (vLLM's reasoning_content, e.g. gpt-oss's analysis channel, and the
+    answer); fills info with first_token (a time), tokens and finish."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=server.base_url, api_key="EMPTY", max_retries=0)
-    text = ""
+    reasoning, text = "", ""
     info.update(first_token=None, tokens=0, finish="?")
     stream = await client.chat.completions.create(
         model=server.served_name, **request_body(system, history, params)
@@ -49,8 +50,9 @@ async def stream_reply(
         choice = chunk.choices[0]
         if choice.finish_reason:
             info["finish"] = choice.finish_reason
-        if choice.delta.content:
+        thought = (choice.delta.model_extra or {}).get("reasoning_content") or ""  # vLLM's extra field
+        if choice.delta.content or thought:
             if info["first_token"] is None:
                 info["first_token"] = time.time()
-            text += choice.delta.content
-            yield text
+            reasoning, text = reasoning + thought, text + (choice.delta.content or "")
+            yield reasoning, text

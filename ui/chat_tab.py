@@ -11,6 +11,7 @@ import gradio as gr
 
 from backend.engine.sampling_params import SamplingParams
 from backend.server.engine_holder import EngineHolder
+from backend.server.harmony import HarmonyParser
 from backend.server.limits import engine_input_limits
 from ui import charts, load, structured_panel
 from ui.common import (
@@ -31,6 +32,7 @@ from ui.engine_access import ensure_engine
 from ui.inputs import form_number, form_slider
 
 DEFAULT_SYSTEM = "You are a helpful assistant. Answer briefly."
+THINKING = "Thinking"  # the title of a reply's reasoning message (collapsible in the chatbot)
 STATS_MARK = (
     "\n\n<sub>reply stats: "  # starts the stats line under each reply; stripped before the next prompt
 )
@@ -67,6 +69,33 @@ def reply_stats(started: float, first_token: float | None, finished: float, toke
     return f"TTFT {ms(first_token - started)} · {tok_s(decode)} · {tokens} tokens · finish: {reason}"
 
 
+def reply_messages(reasoning: str | None, content: str, is_finished: bool) -> list[dict[str, Any]]:
+    """A reply as chatbot messages: its reasoning (vLLM's reasoning_content) first as a collapsible
+    "Thinking" message, open while it is being written, then the answer."""
+    thinking = []
+    if reasoning:
+        status = "done" if content or is_finished else "pending"
+        metadata = {"title": THINKING, "status": status}
+        thinking = [{"role": "assistant", "content": reasoning, "metadata": metadata}]
+    answer = [{"role": "assistant", "content": content}] if content or is_finished or not thinking else []
+    return [*thinking, *answer]
+
+
+def reply_of(harmony: HarmonyParser | None, output: Any) -> list[dict[str, Any]]:
+    """The chatbot messages of an engine output so far: harmony's channels read from its token ids
+    (backend.server.harmony, as the server's reasoning_content), else its text."""
+    completion, is_finished = output.outputs[0], output.finished
+    if harmony is None:
+        return reply_messages(None, completion.text, is_finished)
+    split = harmony.split(completion.token_ids, is_finished)
+    return reply_messages(split.reasoning, split.content or "", is_finished)
+
+
+def is_thinking(message: dict[str, Any]) -> bool:
+    """A shown reasoning message: not sent back to the model (gpt-oss drops past reasoning too)."""
+    return (message.get("metadata") or {}).get("title") == THINKING
+
+
 def message_text(content: str | list[dict[str, Any]]) -> str:
     """A chatbot message's text without its stats line (Gradio passes content as a list of typed parts)."""
     if not isinstance(content, str):
@@ -88,7 +117,8 @@ async def chat(ctx: AppContext, form: dict[str, Any], client: str = "local") -> 
     except ValueError as exc:
         yield gr.skip(), gr.skip(), gr.skip(), error_message(describe(exc))
         return
-    history = [{"role": m["role"], "content": message_text(m["content"])} for m in form["history"] or []]
+    shown = [m for m in form["history"] or [] if not is_thinking(m)]
+    history = [{"role": m["role"], "content": message_text(m["content"])} for m in shown]
     history.append({"role": "user", "content": text})
     if (server := ctx.external.ready()) is not None:  # an engine launched from the Launch tab answers
         async for update in chat_external(server, system, history, params):
@@ -101,6 +131,7 @@ async def chat(ctx: AppContext, form: dict[str, Any], client: str = "local") -> 
         yield history, gr.skip(), "", error_message(why)
         return
     started, first_token, out = time.time(), None, None
+    harmony = HarmonyParser.for_tokenizer(engine.tokenizer)  # gpt-oss: reasoning shown apart
     try:
         cap = ctx.policy.max_input_tokens if ctx.policy.is_public else None
         limits = await engine_input_limits(engine, cap)
@@ -114,7 +145,7 @@ async def chat(ctx: AppContext, form: dict[str, Any], client: str = "local") -> 
                 ticket.leave()  # started
                 if first_token is None and out.outputs[0].token_ids:
                     first_token = time.time()
-                yield [*history, {"role": "assistant", "content": out.outputs[0].text}], gr.skip(), "", ""
+                yield [*history, *reply_of(harmony, out)], gr.skip(), "", ""
         finally:
             ticket.leave()
     except Exception as exc:  # too long, queue or share full, engine stopped: show it, keep the UI alive
@@ -124,8 +155,9 @@ async def chat(ctx: AppContext, form: dict[str, Any], client: str = "local") -> 
     stats = reply_stats(
         started, first_token, time.time(), len(completion.token_ids), completion.finish_reason
     )
-    reply = {"role": "assistant", "content": f"{completion.text}{STATS_MARK}{stats}</sub>"}
-    yield [*history, reply], gr.skip(), stats, ""
+    *thinking, answer = reply_of(harmony, out)
+    answer = {**answer, "content": f"{answer['content']}{STATS_MARK}{stats}</sub>"}
+    yield [*history, *thinking, answer], gr.skip(), stats, ""
 
 
 async def chat_external(server: Any, system: str, history: list, params: Any) -> AsyncIterator[tuple]:
@@ -133,21 +165,18 @@ async def chat_external(server: Any, system: str, history: list, params: Any) ->
     from ui.chat_remote import stream_reply
 
     yield [*history, {"role": "assistant", "content": f"⏳ ({server.engine})"}], "", "", ""
-    started, text, info = time.time(), "", {}
+    started, reasoning, text, info = time.time(), "", "", {}
     try:
-        async for text in stream_reply(server, system, history, params, info):
-            yield [*history, {"role": "assistant", "content": text}], gr.skip(), "", ""
+        async for reasoning, text in stream_reply(server, system, history, params, info):
+            yield [*history, *reply_messages(reasoning, text, False)], gr.skip(), "", ""
     except Exception as exc:  # the server stopped, refused the request: show it, keep the UI alive
         yield history, gr.skip(), "", error_message(f"{server.engine}: {describe(exc)}")
         return
     stats = reply_stats(started, info["first_token"], time.time(), info["tokens"], info["finish"])
     stats = f"{server.engine} · {stats}"
-    yield (
-        [*history, {"role": "assistant", "content": f"{text}{STATS_MARK}{stats}</sub>"}],
-        gr.skip(),
-        stats,
-        "",
-    )
+    *thinking, answer = reply_messages(reasoning, text, True)
+    answer = {**answer, "content": f"{text}{STATS_MARK}{stats}</sub>"}
+    yield [*history, *thinking, answer], gr.skip(), stats, ""
 
 
 def live_now_html(sample: dict[str, Any] | None) -> str:
@@ -186,8 +215,8 @@ def speculation_html(sample: dict[str, Any]) -> str:
 
 
 def refresh_live(holder: EngineHolder, is_public: bool = False, external: Any = None) -> tuple:
-    """Timer handler: (numbers, live chart, KV block map) from the shared sample history; from the /metrics
-    of an external engine launched from the Launch tab while one is ready.
+    """Timer handler: (numbers, live chart, KV block map, expert load) from the shared sample history; from
+    the /metrics of an external engine launched from the Launch tab while one is ready (no expert load).
 
     In public mode prefix-cache hits are not shown and the block map neither tells requests apart nor
     marks shared blocks: either would let a visitor see whether someone else sent a prompt with the same
@@ -196,15 +225,16 @@ def refresh_live(holder: EngineHolder, is_public: bool = False, external: Any = 
     if server is not None:
         samples = server.samples()
         if not samples:
-            return live_now_html(None), gr.skip(), gr.skip()
+            return live_now_html(None), gr.skip(), gr.skip(), gr.update(visible=False)
         return (
             live_now_html(samples[-1]),
             charts.live_figure(samples, title=f"{server.engine} /metrics"),
             gr.skip(),
+            gr.update(visible=False),  # /metrics has no per-expert counts
         )
     samples = holder.samples()
     if not samples:
-        return live_now_html(None), gr.skip(), gr.skip()
+        return live_now_html(None), gr.skip(), gr.skip(), gr.update(visible=False)
     stats = holder.last_stats()
     owners = stats.block_owners if stats is not None else {}
     shared = stats.shared_blocks if stats is not None else {}
@@ -214,7 +244,15 @@ def refresh_live(holder: EngineHolder, is_public: bool = False, external: Any = 
         shared = {}
     total = stats.num_kv_blocks_total if stats is not None else 0
     block_map = charts.kv_block_map_figure(owners, total, shared_blocks=shared) if total else gr.skip()
-    return live_now_html(samples[-1]), charts.live_figure(samples), block_map
+    return live_now_html(samples[-1]), charts.live_figure(samples), block_map, expert_load_update(holder)
+
+
+def expert_load_update(holder: EngineHolder) -> Any:
+    """The expert-load heatmap of a MoE model (tokens per expert per layer, last seconds); else hidden."""
+    load = holder.expert_load()
+    if load is None:
+        return gr.update(visible=False)
+    return gr.update(value=charts.expert_load_figure(load), visible=True)
 
 
 def build(ctx: AppContext, demo: gr.Blocks) -> gr.Timer:
@@ -263,6 +301,9 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.Timer:
             live = gr.Plot(label="Live engine metrics (1 s)", elem_id="live-chart")
             load.build(ctx)
             block_map = gr.Plot(label="KV blocks by request", elem_id="kv-block-map")
+            expert_map = gr.Plot(  # shown for mixture-of-experts models only
+                label="Expert load (tokens per expert, per MoE layer)", elem_id="expert-load", visible=False
+            )
 
     async def on_chat(data: dict, request: gr.Request) -> AsyncIterator[tuple]:
         async for update in chat(ctx, form_values(form, data), ctx.client_of(request)):
@@ -286,7 +327,7 @@ def build(ctx: AppContext, demo: gr.Blocks) -> gr.Timer:
     timer.tick(
         lambda: refresh_live(ctx.holder, ctx.policy.is_public, ctx.external),
         None,
-        [now, live, block_map],
+        [now, live, block_map, expert_map],
         show_progress="hidden",
     )
     return timer

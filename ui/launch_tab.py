@@ -17,6 +17,7 @@ from backend.engine.config import EngineConfig, cli_types, config_field, specula
 from backend.engine.load_phases import LoadPhase
 from backend.engine.stats import EngineStats
 from backend.model_names import display_name
+from backend.model_support import refuse_unsupported
 from backend.server.engine_holder import EngineHolder, EngineState, EngineStatus
 from ui import external, launch_summary
 from ui.common import (
@@ -213,7 +214,8 @@ def launch_engine(
         config = launch_config(form)
         if authorize is not None:
             authorize(config)
-    except ValueError as exc:
+        refuse_unsupported(config.model, speculative_model(config))
+    except ValueError as exc:  # a bad value, refused, or an architecture the engine cannot run
         return error_message(describe(exc)), status_html(holder)
     name = display_name(config.model)
     # gr.Progress finds its event through context variables, and every phase after the first begins on the

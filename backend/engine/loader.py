@@ -21,6 +21,7 @@ from backend.engine.gguf_cache import config_and_tokenizer
 from backend.engine.load_phases import LoadPhases
 from backend.engine.models.base import CausalLM
 from backend.engine.models.registry import model_class, resolve_architecture, supported_architectures
+from backend.engine.quantization import mxfp4
 from backend.engine.quantization.compressed_tensors import Fp8Weight, take_compressed, weight_args
 from backend.engine.quantization.gguf_reader import QuantizedWeight, read_gguf_tensors
 from backend.engine.quantization.gptq_awq import METHODS, PackedWeight, take_packed
@@ -29,6 +30,7 @@ from backend.engine.quantization.quantized_linear import Part, dequantize_part
 from backend.errors import ModelNotFound
 from backend.model_limits import check_config, read_config_json
 from backend.model_names import served_model_name
+from backend.model_support import refuse_unsupported
 
 SUPPORTED_ARCHITECTURES = supported_architectures()  # models/registry.py
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -60,6 +62,7 @@ def resolve_model(model: str) -> tuple[str, str | None]:
         raise ModelNotFound(
             f"Model path not found: {model} (expected a local model folder, a .gguf file or a Hub id)"
         )
+    refuse_unsupported(model)  # config.json alone first: an architecture we cannot run downloads nothing
     from huggingface_hub import snapshot_download
 
     try:
@@ -121,10 +124,14 @@ def read_packed(state: dict[str, torch.Tensor], hf_config: Any, dequantize_weigh
     method = config.get("quant_method")
     if method == "gguf":  # transformers writes this when it saves a model loaded from a GGUF: dense tensors
         return {}
+    if method == mxfp4.QTYPE:  # gpt-oss's experts: the MoE block keeps their blocks as stored (models/moe.py)
+        if dequantize_weights:
+            mxfp4.dequantize_checkpoint(state)
+        return {}
     if method not in METHODS:
         raise ValueError(
-            f"Unsupported quantization {method!r} in config.json; the engine runs {', '.join(METHODS)} "
-            "checkpoints and GGUF files (or use vLLM for this one)"
+            f"Unsupported quantization {method!r} in config.json; the engine runs {', '.join(METHODS)} and "
+            "gpt-oss's mxfp4 checkpoints and GGUF files (or use vLLM for this one)"
         )
     take = take_compressed if method == "compressed-tensors" else take_packed
     packed: dict[str, Part] = dict(take(state, config))
@@ -171,6 +178,7 @@ def load_model(
         hf_config, tokenizer = read_config_and_tokenizer(folder, gguf_file, trust_remote_code)
         architecture_of(hf_config)  # fail fast, before reading weights
     quantized: dict[str, Part] = {}
+    kept_mxfp4 = 0  # gpt-oss's MXFP4 expert tensors, which the MoE blocks keep as stored
     with phases.phase("read weights"):
         if gguf_file:  # quantized tensors kept as stored, or decoded
             path = str(Path(folder) / gguf_file)
@@ -179,15 +187,17 @@ def load_model(
         else:
             state = read_state_dict(folder)
             quantized = read_packed(state, hf_config, dequantize_weights)
+            kept_mxfp4 = len(mxfp4.checkpoint_experts(state))
     with phases.phase("build model and install weights"):
         net = build_model(hf_config, state, quantized, dtype, device)
     eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     eos |= generation_eos(folder, gguf_file, hf_config)
     # the name the server answers to: the GGUF's model name as llama.cpp names files (the export serves it)
     name = served_model_name(gguf_file) if gguf_file else Path(model.rstrip("/")).name
-    return LoadedModel(
-        net.eval(), hf_config, tokenizer, name, sorted(eos), describe_quantization(quantized, hf_config)
-    )
+    description = describe_quantization(quantized, hf_config)
+    if kept_mxfp4:
+        description = f"mxfp4 MXFP4 ({kept_mxfp4} expert tensors)"
+    return LoadedModel(net.eval(), hf_config, tokenizer, name, sorted(eos), description)
 
 
 def read_config_and_tokenizer(folder: str, gguf_file: str | None, trust_remote_code: bool) -> tuple[Any, Any]:

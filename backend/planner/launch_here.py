@@ -3,7 +3,8 @@
 decide() takes a plan over to an EngineConfig (model, dtype, block_size, max_num_seqs,
 max_num_batched_tokens, max_model_len, prefix caching) when this machine can run it, and otherwise says
 exactly why not: the weights are neither on this machine nor downloadable (no Hub access), the
-quantization needs a checkpoint stored that way, or the planner's own estimate for this machine (the
+quantization needs a checkpoint stored that way, the engine has no class for the model's architecture
+(backend/model_support.py, the check Launch makes), or the planner's own estimate for this machine (the
 embedded engine on this CPU, or on its GPU) needs more memory than is free. It then offers the nearest
 thing that runs: the largest smaller preset that fits (when the Hub answers), else the default model;
 and the Export tab for the plan's own GPUs. The machine (LocalHardware) and the Hub's reachability are
@@ -18,6 +19,7 @@ from typing import Any
 
 from backend.default_model import DEFAULT_HUB_ID, DEFAULT_MODEL_NAME
 from backend.engine.config import KV_CACHE_DTYPES, EngineConfig, config_field
+from backend.model_support import UnsupportedArchitecture, refuse_unsupported
 from backend.planner.advise import estimate
 from backend.planner.catalog import LOCAL_CPU, list_presets
 from backend.planner.hardware import LocalHardware
@@ -153,12 +155,21 @@ def check_weights(plan: PlanRequest, model: str, hub_online: bool) -> list[str]:
     return reasons
 
 
+def check_architecture(model: str) -> list[str]:
+    """Why the engine cannot run the model's architecture (its config read as Launch reads it), if so."""
+    try:
+        refuse_unsupported(model)
+    except UnsupportedArchitecture as exc:
+        return [str(exc)]
+    return []
+
+
 def decide(
     plan: PlanRequest, machine: LocalHardware, hub_online: bool, default_gguf: str | None
 ) -> LaunchDecision:
     """Whether the embedded engine on this machine can run the plan, and what instead when not."""
     model = local_model(plan, default_gguf)
-    reasons = check_weights(plan, model, hub_online)
+    reasons = check_weights(plan, model, hub_online) + check_architecture(model)
     notes = gpu_notes(plan, machine)
     needed, available, kv = None, 0, MIN_KV_BYTES
     try:
@@ -207,6 +218,8 @@ def nearest_runnable(
     if hub_online:
         fits = []
         for preset in list_presets():
+            if check_architecture(preset):  # a preset of an architecture the engine lacks runs nowhere here
+                continue
             small = replace(plan, model=preset, quant="bf16", checkpoint=None)
             try:
                 need, free, kv = memory_needed(small, preset, machine)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from backend.server.errors import OpenAIError
-from backend.server.protocol import ChatMessage, message_dicts
+from backend.server.protocol import ChatCompletionRequest, ChatMessage, message_dicts
 from backend.server.tools import Tool, render_messages, template_renders_tools
 
 # The template's own switches: a request's chat_template_kwargs may not override them.
@@ -53,6 +53,13 @@ class ChatTemplateOptions:
                 f"chat_template_kwargs may not set {', '.join(reserved)}: use the request's own fields",
                 param="chat_template_kwargs",
             )
+
+
+def chat_options(req: ChatCompletionRequest) -> ChatTemplateOptions:
+    """A chat completion's template switches: its reasoning_effort, which gpt-oss's template writes into
+    the system message (other templates ignore it)."""
+    effort = {"reasoning_effort": req.reasoning_effort} if req.reasoning_effort else {}
+    return ChatTemplateOptions(chat_template_kwargs=effort)
 
 
 def render_chat(tokenizer, req: ChatInput, options: ChatTemplateOptions) -> str:

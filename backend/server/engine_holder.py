@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from backend.engine.config import EngineConfig
 from backend.engine.load_phases import LoadPhase, LoadPhases
 from backend.engine.stats import EngineStats
+from backend.server.expert_load import ExpertLoad, ExpertLoadHistory
 
 if TYPE_CHECKING:
     from backend.engine import AsyncLLM
@@ -78,6 +79,7 @@ class EngineHolder:
         self._phases = LoadPhases()
         self._samples: deque[dict[str, Any]] = deque(maxlen=HISTORY_SECONDS)
         self._last_stats: EngineStats | None = None
+        self._expert_load = ExpertLoadHistory()  # MoE models: the expert-load picture's snapshots
 
     def get(self) -> AsyncLLM | None:
         """The running engine, or None (the server answers 503, the chat says how to launch)."""
@@ -121,6 +123,7 @@ class EngineHolder:
             self._state, self._load_seconds = EngineState.READY, time.monotonic() - self._load_started
             self._samples.clear()
             self._last_stats = None
+            self._expert_load = ExpertLoadHistory()
         if old is not None:
             threading.Thread(target=retire, args=(old, self._drain_timeout_s), daemon=True).start()
         return self.status()
@@ -156,9 +159,16 @@ class EngineHolder:
             engine = self._engine
             last = self._samples[-1] if self._samples else None
             if engine is not None and (last is None or time.time() - last["timestamp"] >= min_interval_s):
-                self._last_stats = engine.stats()
-                self._samples.append(sample_from_stats(self._last_stats, last))
+                stats = self._last_stats = engine.stats()
+                self._samples.append(sample_from_stats(stats, last))
+                self._expert_load.add(stats.timestamp, stats.expert_tokens_total)
             return list(self._samples)
+
+    def expert_load(self) -> ExpertLoad | None:
+        """Tokens routed per expert per MoE layer over the last seconds of samples (None: a dense model,
+        or fewer than two samples yet)."""
+        with self._lock:
+            return self._expert_load.load()
 
     def last_stats(self) -> EngineStats | None:
         return self._last_stats

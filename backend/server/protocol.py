@@ -124,6 +124,8 @@ class ChatCompletionRequest(SamplingFields):
     tools: FailFastList[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+    # OpenAI's reasoning models' knob; gpt-oss's chat template writes it into the system message
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 
 from backend.engine.outputs import Logprob
+from backend.server.harmony import HarmonyParser, HarmonyTokens, ReasoningStream
 from backend.server.tool_calls import ToolCallFormatter
 from backend.server.tool_parsers import ToolParser
 
@@ -129,16 +130,33 @@ class ChatFormatter(ResponseFormatter):
     id_prefix = "chatcmpl"
 
     def __init__(
-        self, model: str, tokenizer, top_logprobs: int | None, tool_parser: ToolParser | None, n: int = 1
+        self,
+        model: str,
+        tokenizer,
+        top_logprobs: int | None,
+        tool_parser: ToolParser | None,
+        n: int = 1,
+        harmony: HarmonyTokens | None = None,
     ):
         super().__init__(model, tokenizer, top_logprobs, n)
         self.tool_parser = tool_parser
         self.tools: dict[int, ToolCallFormatter] = {}  # per choice
+        # gpt-oss's harmony channels -> reasoning_content and content (harmony.py), read from token ids;
+        # the parser keeps state per output, so each choice has its own
+        self.harmony = harmony if tool_parser is None else None
+        self.reasonings: dict[int, ReasoningStream] = {}  # per choice
 
     def tool_formatter(self, index: int) -> ToolCallFormatter | None:
         if self.tool_parser is None:
             return None
         return self.tools.setdefault(index, ToolCallFormatter(self.tool_parser))
+
+    def reasoning_stream(self, index: int) -> ReasoningStream | None:
+        if self.harmony is None:
+            return None
+        if index not in self.reasonings:
+            self.reasonings[index] = ReasoningStream(HarmonyParser(self.tokenizer, self.harmony))
+        return self.reasonings[index]
 
     def logprobs(self, ids: list[int], logprobs: list | None) -> dict | None:
         if logprobs is None or self.top_logprobs is None:
@@ -190,7 +208,12 @@ class ChatFormatter(ResponseFormatter):
         if tools is not None:
             delta, called = tools.delta(comp.text, finish_reason is not None)
             finish_reason = "tool_calls" if called and finish_reason == "stop" else finish_reason
-        quiet = not ids or (tools is not None and self.top_logprobs is None)  # no empty tool deltas
+        else:
+            reasoning = self.reasoning_stream(comp.index)
+            if reasoning is not None:
+                delta = reasoning.delta(comp.token_ids, finish_reason is not None)
+        parsed = tools is not None or self.harmony is not None
+        quiet = not ids or (parsed and self.top_logprobs is None)  # no empty deltas for a header's tokens
         if not delta and finish_reason is None and quiet:
             return None
         return {
@@ -200,15 +223,25 @@ class ChatFormatter(ResponseFormatter):
             "finish_reason": finish_reason,
         }
 
+    def message(self, comp) -> tuple[dict, str | None]:
+        """The whole message of one choice and its finish reason: tool calls read by the tool parser, or
+        harmony's channels as reasoning_content and content, else the text."""
+        message, finish_reason = {"role": "assistant", "content": comp.text}, comp.finish_reason
+        tools = self.tool_formatter(comp.index)
+        reasoning = self.reasoning_stream(comp.index)
+        if tools is not None:
+            message, called = tools.message(comp.text)
+            finish_reason = "tool_calls" if called and finish_reason == "stop" else finish_reason
+        elif reasoning is not None:
+            split = reasoning.parser.split(comp.token_ids, is_finished=True)
+            message |= {"content": split.content, "reasoning_content": split.reasoning}
+        return message, finish_reason
+
     def response(self, outputs: list) -> dict:
         (output,) = outputs  # a chat request has one prompt
         choices = []
         for comp in output.outputs:
-            message, finish_reason = {"role": "assistant", "content": comp.text}, comp.finish_reason
-            tools = self.tool_formatter(comp.index)
-            if tools is not None:
-                message, called = tools.message(comp.text)
-                finish_reason = "tool_calls" if called and finish_reason == "stop" else finish_reason
+            message, finish_reason = self.message(comp)
             choices.append(
                 {
                     "index": comp.index,

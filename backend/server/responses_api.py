@@ -18,6 +18,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from backend.engine.exceptions import EngineDeadError
 from backend.server.errors import OpenAIError
+from backend.server.harmony import HarmonyTokens
 from backend.server.job import Job, run_job
 from backend.server.request_body import body_schema, json_body
 from backend.server.responses_chat import to_chat_request
@@ -79,7 +80,8 @@ def responses_router(ctx: ServingContext) -> APIRouter:
                 ids, params, parser = await prepare_chat(ctx, engine, chat, None, limits)
             except OpenAIError as exc:
                 raise in_responses_terms(exc) from None
-            formatter = ResponsesFormatter(ctx.model_name(engine), engine.tokenizer, parser, req)
+            harmony = HarmonyTokens.of(engine.tokenizer)
+            formatter = ResponsesFormatter(ctx.model_name(engine), engine.tokenizer, parser, req, harmony)
             job = ctx.admit(engine, [(ids, params)], formatter, False, ticket)
         if not req.stream:
             return await run_job(request, job, False)

@@ -65,6 +65,10 @@ def _response_format(text: TextConfig | None) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": schema}
 
 
+# The efforts chat completions take (and gpt-oss's template knows); OpenAI's others ("minimal") are dropped
+REASONING_EFFORTS = ("low", "medium", "high")
+
+
 def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
     """The chat completion request that generates this response (OpenAIError 400 if it is invalid)."""
     tools: list[dict[str, Any]] = [
@@ -75,6 +79,7 @@ def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         if tool["function"]["parameters"] is None:
             del tool["function"]["parameters"]
     choice = req.tool_choice
+    effort = (req.reasoning or {}).get("effort")
     body = {
         "model": req.model,
         "messages": _messages(req),
@@ -87,6 +92,7 @@ def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         "temperature": req.temperature,
         "top_p": req.top_p,
         "response_format": _response_format(req.text),
+        "reasoning_effort": effort if effort in REASONING_EFFORTS else None,  # gpt-oss's template writes it
     }
     try:
         return ChatCompletionRequest.model_validate(body)

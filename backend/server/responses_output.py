@@ -2,7 +2,9 @@
 
 The output text is read by the request's tool parser (as on /v1/chat/completions): the text before any
 call becomes one ``message`` item (unless it is blank and calls follow), each call a ``function_call``
-item, in that order. A call cut off by max_output_tokens is kept with status "incomplete".
+item, in that order. A call cut off by max_output_tokens is kept with status "incomplete". A model that
+speaks harmony (gpt-oss) and has no tool parser: the message is its final channel, read from token ids
+(``harmony.py``); its analysis is not sent (no reasoning items yet).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from backend.server.harmony import HarmonyParser, HarmonyTokens
 from backend.server.responses import ResponseFormatter
 from backend.server.responses_protocol import FunctionToolChoice, ResponsesRequest
 from backend.server.tool_parsers import ParsedCall, ParsedOutput, ToolParser
@@ -39,16 +42,29 @@ def shows_message(parsed: ParsedOutput) -> bool:
 class ResponsesFormatter(ResponseFormatter):
     object_name = "response"
 
-    def __init__(self, model: str, tokenizer, parser: ToolParser | None, req: ResponsesRequest):
+    def __init__(
+        self,
+        model: str,
+        tokenizer,
+        parser: ToolParser | None,
+        req: ResponsesRequest,
+        harmony: HarmonyTokens | None = None,
+    ):
         super().__init__(model, tokenizer, None)
         self.id = f"resp_{uuid.uuid4().hex}"  # OpenAI's form; also the engine's request id
         self.request = req
         self.parser = parser
+        # gpt-oss: the message is harmony's final channel (the analysis is not sent; one output, n=1)
+        use_harmony = harmony is not None and parser is None
+        self.harmony = HarmonyParser(tokenizer, harmony) if use_harmony and harmony is not None else None
         self.message_id = f"msg_{uuid.uuid4().hex}"
         self.call_ids: list[tuple[str, str]] = []  # (item id, call_id) of each call, by index
 
-    def parse(self, text: str, final: bool) -> ParsedOutput:
-        return self.parser.parse(text, final) if self.parser is not None else ParsedOutput(text)
+    def parse(self, comp, final: bool) -> ParsedOutput:
+        """One output's message text and calls (comp: its CompletionOutput so far)."""
+        if self.harmony is not None:
+            return ParsedOutput(self.harmony.split(comp.token_ids, final).content or "")
+        return self.parser.parse(comp.text, final) if self.parser is not None else ParsedOutput(comp.text)
 
     def ids(self, index: int) -> tuple[str, str]:
         while len(self.call_ids) <= index:
@@ -110,7 +126,7 @@ class ResponsesFormatter(ResponseFormatter):
         comp = output.outputs[0]
         incomplete = comp.finish_reason == "length"
         status = "incomplete" if incomplete else "completed"
-        items = self.items(self.parse(comp.text, final=True), status)
+        items = self.items(self.parse(comp, final=True), status)
         reason = "max_output_tokens" if incomplete else None
         return self.body(status, items, self.response_usage(output), reason)
 

@@ -48,7 +48,7 @@ class ResponsesEvents:
     def update(self, output) -> list[dict]:
         comp = output.outputs[0]
         final = comp.finish_reason is not None
-        parsed = self.formatter.parse(comp.text, final)
+        parsed = self.formatter.parse(comp, final)
         events = self._text_events(parsed, final)
         for index, call in enumerate(c for c in parsed.calls if c.name is not None):
             events += self._call_events(index, call)

@@ -19,12 +19,13 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from backend.engine.exceptions import EngineDeadError, EngineOverloadedError
-from backend.server.chat_prompt import chat_prompt_ids
+from backend.server.chat_prompt import chat_options, chat_prompt_ids
 from backend.server.completion_batch import completion_prompts, echo_texts
 from backend.server.completion_response import CompletionFormatter
 from backend.server.engine_provider import EngineProvider
 from backend.server.errors import OpenAIError
 from backend.server.fairness import ClientLine, WaitingTicket, client_id
+from backend.server.harmony import HarmonyTokens
 from backend.server.job import Job, run_job
 from backend.server.limits import InputLimits, LimitExceeded, check_tools, engine_input_limits
 from backend.server.metrics import ServerMetrics
@@ -188,7 +189,7 @@ async def prepare_chat(
         structured, param = tool_constraint(req.tools, tool_choice, req.parallel_tool_calls), "tools"
     limits.check_count(len(req.messages), "messages", "messages")
     limits.check_text(message_texts(req.messages, req.tools), "messages")
-    ids = await engine.run_in_tokenizer(chat_prompt_ids, engine.tokenizer, req)
+    ids = await engine.run_in_tokenizer(chat_prompt_ids, engine.tokenizer, req, chat_options(req))
     limits.check_tokens(len(ids), "messages")
     params = sampling_params(req, len(ids), engine.max_model_len, top_logprobs, structured)
     params = ctx.limit_max_tokens(req.max_completion_tokens or req.max_tokens, params, req.n)
@@ -247,7 +248,8 @@ def openai_router(ctx: ServingContext) -> APIRouter:
             limits = await ctx.input_limits(engine)
             top = (req.top_logprobs or 0) if req.logprobs else None
             ids, params, parser = await prepare_chat(ctx, engine, req, top, limits)
-            formatter = ChatFormatter(ctx.model_name(engine), engine.tokenizer, top, parser, req.n)
+            harmony = HarmonyTokens.of(engine.tokenizer)  # gpt-oss: reasoning_content beside content
+            formatter = ChatFormatter(ctx.model_name(engine), engine.tokenizer, top, parser, req.n, harmony)
             job = ctx.admit(engine, [(ids, params)], formatter, _usage(req), ticket)
         return await run_job(request, job, req.stream)
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from backend.engine import cpu_kernels
 from backend.engine.layers.fused_moe import FusedMoE, MoEWeight, load_moe_weight, moe_config, moe_weight
-from backend.engine.layers.fused_moe.checkpoint import gguf_experts, stacked_projection
+from backend.engine.layers.fused_moe.checkpoint import gguf_expert_biases, gguf_experts, stacked_projection
 from backend.engine.layers.fused_moe.experts import ExpertTensor
 from backend.engine.models.args import ModelArgs
 from backend.engine.models.base import CausalLM
@@ -95,7 +95,11 @@ class MoECausalLM(CausalLM):
         loaded: dict[int, set[str]] = {}
         blocks = {i: layer.mlp for i, layer in enumerate(self.layers) if isinstance(layer.mlp, FusedMoE)}
         tensors: list[tuple[str, ExpertTensor]] = [*moe.items(), *self.pending_experts.items()]
-        for name, tensor in tensors:
+        moe.clear()
+        self.pending_experts = {}
+        tensors.reverse()
+        while tensors:  # each tensor as read dropped once loaded, so the experts are not held twice
+            name, tensor = tensors.pop()
             found = moe_tensor(name)
             assert found is not None
             layer, rest = found
@@ -109,7 +113,6 @@ class MoECausalLM(CausalLM):
             assert weight is not None and isinstance(tensor, torch.Tensor)
             load_moe_weight(blocks[layer], weight, tensor)
             loaded.setdefault(layer, set()).add(weight.target.removesuffix("_blocks").removesuffix("_scales"))
-        self.pending_experts = {}
         for layer, projections in stacked.items():
             loaded.setdefault(layer, set()).update(_load_stacked(blocks[layer], projections))
         for layer in blocks:
@@ -136,6 +139,11 @@ def _load_stacked(block: FusedMoE, projections: dict[str, ExpertTensor]) -> set[
                 f"a MoE layer's stacked experts need gate, up and down; got {sorted(projections)}"
             )
         gguf_experts(block, projections["gate"], projections["up"], projections["down"])
+        gate_bias, up_bias = projections.get("gate_bias"), projections.get("up_bias")
+        if gate_bias is not None or up_bias is not None:  # gpt-oss
+            if not isinstance(gate_bias, torch.Tensor) or not isinstance(up_bias, torch.Tensor):
+                raise ValueError("a MoE layer's split expert biases need gate_proj_bias and up_proj_bias")
+            gguf_expert_biases(block, gate_bias, up_bias)
         return {"w13", "w2"}
     down = projections["down"]  # transformers' in-memory experts.down_proj [E, H, I]
     if not isinstance(down, torch.Tensor):

@@ -47,6 +47,7 @@ MODELS: dict[str, ModelEntry] = {
     ),
     "GraniteMoeForCausalLM": ModelEntry("granitemoe", "GraniteMoeForCausalLM", ("granitemoe",)),
     "OlmoeForCausalLM": ModelEntry("olmoe", "OlmoeForCausalLM", ("olmoe",), ModelTraits(qk_norm=True)),
+    "GptOssForCausalLM": ModelEntry("gpt_oss", "GptOssForCausalLM", ("gpt_oss",)),
     "Gemma3ForCausalLM": ModelEntry(
         "gemma3", "Gemma3ForCausalLM", ("gemma3_text",), ModelTraits(qk_norm=True)
     ),

@@ -89,3 +89,19 @@ def deinterleave(part: Interleaved) -> QuantizedWeight:
     qs = codes[..., :16] | (codes[..., 16:] << 4)
     data = torch.cat((scales.unsqueeze(-1), qs), -1).reshape(n, -1)
     return QuantizedWeight(QTYPE, data.contiguous(), part.shape)
+
+
+def checkpoint_experts(state: dict[str, torch.Tensor]) -> list[str]:
+    """The names (without _blocks) of a gpt-oss checkpoint's MXFP4 expert tensors (quant_method "mxfp4")."""
+    return sorted(name.removesuffix("_blocks") for name in state if name.endswith("_proj_blocks"))
+
+
+def dequantize_checkpoint(state: dict[str, torch.Tensor]) -> None:
+    """Replace each <proj>_blocks [E, n, k / 32, 16] / <proj>_scales pair of state by the dense <proj>
+    [E, k, n] fp32 that transformers' Mxfp4 loader dequantizes to (convert_moe_packed_tensors: its
+    in-memory and save_pretrained layout), exactly."""
+    for name in checkpoint_experts(state):
+        blocks, scales = state.pop(f"{name}_blocks"), state.pop(f"{name}_scales")
+        experts, n = blocks.shape[:2]
+        dense = dequantize(from_gpt_oss(blocks, scales).data).view(experts, n, -1)
+        state[name] = dense.transpose(1, 2).contiguous()

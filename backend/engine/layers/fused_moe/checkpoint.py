@@ -65,15 +65,21 @@ RULES: tuple[tuple[str, Target, Shard], ...] = (  # a full match of the name -> 
     (r"shared_mlp\.output_linear\.weight", "shared_down", "all"),
 )
 _COMPILED = tuple((re.compile(pattern), target, shard) for pattern, target, shard in RULES)
-# a GGUF file's stacked experts, one tensor per projection (gguf/tensor_names.py): dense [E, n, k] or blocks
+# a GGUF file's stacked experts, one tensor per projection (gguf/tensor_names.py): dense [E, n, k] or blocks;
+# gpt-oss's files split gate_up's bias too (its down bias is the checkpoints' down_proj_bias [E, H])
 _STACKED = re.compile(BLOCK + r"experts\.(gate|up|down)_proj")
+_STACKED_BIAS = re.compile(BLOCK + r"experts\.(gate|up)_proj_bias")
 
 
 def stacked_projection(name: str) -> str | None:
     """ "gate", "up" or "down" for a GGUF file's stacked experts of one projection (name within its decoder
-    layer), else None. transformers' in-memory `experts.down_proj` [E, H, I] has the same name and layout."""
+    layer), "gate_bias" or "up_bias" for gpt-oss's split biases [E, I], else None. transformers' in-memory
+    `experts.down_proj` [E, H, I] has the same name and layout."""
     match = _STACKED.fullmatch(name)
-    return match.group(1) if match else None
+    if match:
+        return match.group(1)
+    match = _STACKED_BIAS.fullmatch(name)
+    return f"{match.group(1)}_bias" if match else None
 
 
 def moe_weight(name: str) -> MoEWeight | None:
@@ -170,6 +176,11 @@ def gguf_experts(
     if biases is not None:
         _copy(block.w13_bias, torch.cat(biases[:2], 1), "w13 bias")
         _copy(block.w2_bias, biases[2], "w2 bias")
+
+
+def gguf_expert_biases(block: FusedMoE, gate: torch.Tensor, up: torch.Tensor) -> None:
+    """gpt-oss's GGUF gate and up biases [E, I] into w13_bias (gate, then up, as w13's rows)."""
+    _copy(block.w13_bias, torch.cat((gate, up), 1), "w13 bias (gate, up)")
 
 
 def _dense(weight: ExpertTensor, experts: int) -> torch.Tensor:
