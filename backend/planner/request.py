@@ -16,7 +16,7 @@ from backend.planner.catalog import (
     list_quantizations,
 )
 from backend.planner.specs import ModelSpec
-from backend.planner.vllm_versions import version_choices
+from backend.planner.vllm_versions import VLLM_TARGET_VERSION, version_choices
 
 USAGE_CONTEXTS = ("openai_api_server", "llm_class")  # vLLM's UsageContext: `vllm serve` or `LLM(...)`
 UsageContext = Literal["openai_api_server", "llm_class"]
@@ -28,8 +28,6 @@ def weight_formats() -> tuple[str, ...]:
 
 def vllm_versions() -> tuple[str, ...]:
     """The export's target first (what None stands for), then each family's first release."""
-    from backend.planner.vllm_rules import VLLM_TARGET_VERSION  # vllm_rules imports this module
-
     return tuple(version_choices(VLLM_TARGET_VERSION))
 
 

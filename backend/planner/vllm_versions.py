@@ -80,6 +80,9 @@ _V0 = VllmFamily(
     False,
     "vllm/worker/worker.py determine_num_available_blocks; vllm#10511, vllm#13061",
 )
+# The version backend/export/vllm.py writes launch files for (tests/test_planner_vllm.py checks they agree).
+VLLM_TARGET_VERSION = "0.33.0"
+
 FAMILIES: tuple[VllmFamily, ...] = (
     _V0,
     # 0.8: V1 by default (VLLM_USE_V1), vllm/v1/worker/gpu_worker.py determine_available_memory; V1's
