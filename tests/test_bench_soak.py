@@ -1,10 +1,10 @@
-"""The soak benchmark's plan (the run itself is `python -m backend.bench.soak`, ~1,000 requests against
+"""The soak benchmark's plan (the run itself is `python -m benchmarks.soak`, ~1,000 requests against
 `app.py serve` on the default model, a few minutes: too slow for the suite, and its RSS check only means
 something at full size)."""
 
 from __future__ import annotations
 
-from backend.bench.soak import SoakConfig, plan_jobs
+from benchmarks.soak import SoakConfig, plan_jobs
 
 
 def test_plan_mixes_streams_disconnects_and_malformed_requests():

@@ -1,12 +1,12 @@
-"""backend.bench.burst_timeline: the first burst of a real served run (the server in-process, `app.py bench`
+"""benchmarks.burst_timeline: the first burst of a real served run (the server in-process, `app.py bench`
 from another process), each request's timestamps in order and the steps' prefill tokens adding up."""
 
 from __future__ import annotations
 
 import pytest
 
-from backend.bench import burst_timeline
-from backend.bench.burst_probe import has_text
+from benchmarks import burst_timeline
+from benchmarks.burst_probe import has_text
 from tests.engine_utils import tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

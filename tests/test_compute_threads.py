@@ -194,7 +194,7 @@ def test_a_busy_neighbour_takes_a_thread_and_calm_gives_it_back(monkeypatch):
 
 @pytest.mark.slow
 def test_shared_cores_bench_prints_both_modes_and_their_ratio(capsys):
-    from backend.bench import shared_cores
+    from benchmarks import shared_cores
 
     argv = ["--model", tiny_model("llama")[0], "--tokens", "24", "--repeats", "1"]
     assert shared_cores.main(argv) == 0

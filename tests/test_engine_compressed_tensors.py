@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.bench.quant_checkpoints import write_compressed_tensors
 from backend.engine import LLM, SamplingParams
 from backend.engine.quantization.quantized_linear import QuantizedLinear
 from backend.engine.quantization.row_packed import RowPacked
+from benchmarks.quant_checkpoints import write_compressed_tensors
 from tests.common_utils import ROOT
 from tests.engine_utils import assert_engine_clean, hf_greedy, prompts
 from tests.quant_pack_utils import NATIVE, count_calls, tiny_dense_model

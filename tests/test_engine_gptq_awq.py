@@ -10,16 +10,16 @@ import subprocess
 import pytest
 import torch
 
-from backend.bench.quant_checkpoints import (
+from backend.engine import LLM, SamplingParams
+from backend.engine.quantization.quantized_linear import QuantizedLinear
+from backend.engine.quantization.row_packed import RowPacked
+from benchmarks.quant_checkpoints import (
     AWQ_ORDER,
     Scheme,
     pack_columns,
     pack_rows,
     write_checkpoint,
 )
-from backend.engine import LLM, SamplingParams
-from backend.engine.quantization.quantized_linear import QuantizedLinear
-from backend.engine.quantization.row_packed import RowPacked
 from tests.common_utils import ROOT
 from tests.engine_utils import assert_engine_clean, hf_greedy, prompts
 from tests.quant_pack_utils import NATIVE, count_calls, tiny_dense_model

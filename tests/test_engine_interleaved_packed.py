@@ -12,13 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.bench.quant_checkpoints import Scheme, pack_columns, pack_rows, packed_tensors, write_checkpoint
 from backend.engine import LLM, SamplingParams, cpu_kernels
 from backend.engine.quantization.compressed_tensors import Fp8Weight
 from backend.engine.quantization.gptq_awq import PACKED_SUFFIXES, PackedWeight
 from backend.engine.quantization.interleaved import Interleaved, can_interleave, interleave
 from backend.engine.quantization.quantized_linear import QuantizedLinear
 from backend.engine.quantization.row_packed import relayout
+from benchmarks.quant_checkpoints import Scheme, pack_columns, pack_rows, packed_tensors, write_checkpoint
 from tests.engine_utils import assert_engine_clean, prompts
 from tests.quant_pack_utils import tiny_dense_model
 

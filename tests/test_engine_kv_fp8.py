@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.bench.kv_cache import PROMPTS, top1_agreement
 from backend.engine import LLM, SamplingParams, cpu_kernels
 from backend.engine.attention import write_kv_cache
 from backend.planner import PlanRequest, estimate
+from benchmarks.kv_cache import PROMPTS, top1_agreement
 from tests.engine_utils import assert_engine_clean, prompts, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

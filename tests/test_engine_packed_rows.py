@@ -12,11 +12,11 @@ import sys
 import pytest
 import torch
 
-from backend.bench.quant_checkpoints import Scheme, pack_columns, pack_rows, packed_tensors
 from backend.engine import cpu_kernels
 from backend.engine.quantization.compressed_tensors import Fp8Weight
 from backend.engine.quantization.gptq_awq import PACKED_SUFFIXES, PackedWeight
 from backend.engine.quantization.row_packed import RowPacked, relayout
+from benchmarks.quant_checkpoints import Scheme, pack_columns, pack_rows, packed_tensors
 from tests.common_utils import ROOT
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -18,8 +18,8 @@ import psutil
 import pytest
 from openai import OpenAI
 
-from backend.bench.monitor import MetricsPoller
 from backend.export import ExportOptions, export_files
+from backend.monitor.samples import MetricsPoller
 from backend.planner.request import PlanRequest
 from tests.common_utils import ROOT, free_port
 from tests.export_utils import write_files

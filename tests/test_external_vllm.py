@@ -8,8 +8,8 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from backend.bench.monitor import MetricsPoller
 from backend.export.supervisor import ExternalServers, installed
+from backend.monitor.samples import MetricsPoller
 from backend.planner.request import PlanRequest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]

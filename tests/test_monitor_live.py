@@ -6,7 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from backend.bench.monitor import SAMPLE_KEYS, MetricsPoller, sample_from_stats
+from backend.monitor.samples import SAMPLE_KEYS, MetricsPoller, sample_from_stats
 from backend.server import build_app
 from tests.engine_utils import tiny_model
 from tests.server_utils import RunningServer, start_engine, wait_until

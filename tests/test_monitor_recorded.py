@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.bench.monitor import (
+from backend.monitor.samples import (
     SAMPLE_KEYS,
     MetricsPoller,
     detect_engine,

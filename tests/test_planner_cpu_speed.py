@@ -1,6 +1,6 @@
 """The embedded engine's CPU speed model (backend/planner/cpu_speed.py): the structure of its formula, the
 hosts it describes (the catalog's CPU entry, this machine), and the estimate built on it. Agreement with the
-running engine is the benchmark's job (`python -m backend.bench.planner_speed`), not a test's."""
+running engine is the benchmark's job (`python -m benchmarks.planner_speed`), not a test's."""
 
 from __future__ import annotations
 

@@ -93,7 +93,7 @@ def test_quantized_weights_and_fp8_kv_have_kl_above_zero(tmp_path):
     the checkpoint's dequantized weights; fp8 KV: KL above zero."""
     from transformers import AutoModelForCausalLM
 
-    from backend.bench.quant_checkpoints import Scheme, write_checkpoint
+    from benchmarks.quant_checkpoints import Scheme, write_checkpoint
 
     dense = tiny_dense_model(tmp_path / "dense")
     dequantized = write_checkpoint(dense, tmp_path / "gptq", Scheme("gptq", 4, 128, sym=True))

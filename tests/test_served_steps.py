@@ -1,4 +1,4 @@
-"""backend.bench.served_steps: the StepRecorder's counts on a real tiny engine, and the CLI's table with an
+"""benchmarks.served_steps: the StepRecorder's counts on a real tiny engine, and the CLI's table with an
 offline and a served variant, each in its own process (the served one driven by `app.py bench`)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from backend.bench import served_steps
-from backend.bench.step_recorder import StepRecorder, step_summary
 from backend.engine import LLM
+from benchmarks import served_steps
+from benchmarks.step_recorder import StepRecorder, step_summary
 from tests.engine_utils import assert_engine_clean, prompts, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

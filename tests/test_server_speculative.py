@@ -8,7 +8,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from backend.bench.monitor import sample_from_stats, sample_from_text
+from backend.monitor.samples import sample_from_stats, sample_from_text
 from backend.server import build_app
 from tests.engine_utils import tiny_model
 from tests.server_utils import RunningServer, scrape, start_engine

@@ -7,8 +7,8 @@ import argparse
 
 import pytest
 
-from backend.bench import step_profile
-from backend.bench.step_parts import labelled_targets
+from benchmarks import step_profile
+from benchmarks.step_parts import labelled_targets
 from tests.engine_utils import tiny_model
 
 

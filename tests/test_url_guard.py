@@ -9,7 +9,7 @@ import asyncio
 import httpx
 import pytest
 
-from backend.bench.monitor import MetricsPoller
+from backend.monitor.samples import MetricsPoller
 from backend.url_guard import MAX_RESPONSE_BYTES, UnsafeURLError, URLGuard, _pin, is_public_address
 from tests.security_utils import NON_PUBLIC_URLS, Canary, loopback_spellings
 

@@ -1,7 +1,7 @@
 """The planner's speed figures for the embedded engine against the engine itself, on this machine.
 
-    python -m backend.bench.planner_speed                 # the default model: GGUF Q4_1 as stored, and bf16
-    python -m backend.bench.planner_speed --tokens 32 --repeats 3 --batch 16 --prompt-len 512
+    python -m benchmarks.planner_speed                    # the default model: GGUF Q4_1 as stored, and bf16
+    python -m benchmarks.planner_speed --tokens 32 --repeats 3 --batch 16 --prompt-len 512
 
 One process: the default model's engine as stored and the same checkpoint dequantized to bf16 at load
 (`dequantize_weights`). For each it measures batch-1 decode tok/s, batch-N decode tok/s and the time to first
@@ -19,10 +19,10 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from backend.bench.machine import cpu_summary
 from backend.bench.offline import load_average, timed
 from backend.bench.quantized import decode_rates
-from backend.bench.quantized_formats import batch_rates
-from backend.bench.step_profile import cpu_summary
+from benchmarks.quantized_formats import batch_rates
 
 
 @dataclass(slots=True)

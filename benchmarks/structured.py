@@ -1,7 +1,7 @@
 """Structured-output overhead: the same prompts decoded with and without a JSON schema, side by side.
 
-    python -m backend.bench.structured                       # batch 1 and 16, 64 tokens, 3 rounds
-    python -m backend.bench.structured --batch-sizes 16 --max-tokens 128 --no-interleave
+    python -m benchmarks.structured                          # batch 1 and 16, 64 tokens, 3 rounds
+    python -m benchmarks.structured --batch-sizes 16 --max-tokens 128 --no-interleave
 
 The schema (a list of at least 1000 nested objects with enums, arrays and required fields) cannot be
 completed within max_tokens, so constrained and free runs generate exactly the same number of tokens.

@@ -1,6 +1,6 @@
 """fp8 KV cache against the model's own dtype: blocks per byte, top-1 agreement, decode speed.
 
-`python -m backend.bench.kv_cache` runs the default model (or --model) with kv_cache_dtype auto, fp8
+`python -m benchmarks.kv_cache` runs the default model (or --model) with kv_cache_dtype auto, fp8
 (e4m3) and fp8_e5m2 under the same kv_cache_memory_bytes, in one process. Agreement is measured by
 teacher forcing: every engine is fed the auto engine's greedy continuation token by token (TeacherForcing
 replaces its sampler) and its own top-1 choice is recorded at each position, so one early difference

@@ -1,9 +1,9 @@
 """Where one decode step goes: a batch of sequences decoding together, per op and per part of the step.
 
-    python -m backend.bench.step_profile                       # 64 sequences, 128-token prompts, bf16
-    python -m backend.bench.step_profile --model DIR --num-seqs 32 --steps 20 --top 25
-    python -m backend.bench.step_profile --model DIR --compare-gemm   # oneDNN vs gemm_bf16, interleaved
-    python -m backend.bench.step_profile --model DIR --prefill-tokens 2048 --prompt-len 256   # prefill steps
+    python -m benchmarks.step_profile                          # 64 sequences, 128-token prompts, bf16
+    python -m benchmarks.step_profile --model DIR --num-seqs 32 --steps 20 --top 25
+    python -m benchmarks.step_profile --model DIR --compare-gemm   # oneDNN vs gemm_bf16, interleaved
+    python -m benchmarks.step_profile --model DIR --prefill-tokens 2048 --prompt-len 256   # prefill steps
 
 Prefills the batch, then times decode steps (the median of --steps, after two untimed ones), splits one
 step into its parts (host-side inputs, the forward pass, sampling, the engine's bookkeeping) with our own
@@ -24,23 +24,8 @@ import resource
 import statistics
 import time
 
-from backend.bench.step_parts import PartTimer, label_kernels
-from backend.cpu_features import cpu_features
-
-
-def cpu_summary() -> str:
-    """CPU model name, cores torch uses, and the instruction sets that pick our kernels."""
-    import torch
-
-    from backend.engine import cpu_kernels
-    from backend.engine.device import cpu_has_fast_bf16
-
-    name = cpu_features().model_name
-    capability = torch.backends.cpu.get_cpu_capability()
-    return (
-        f"CPU {name}; torch threads {torch.get_num_threads()}; torch capability {capability}; "
-        f"fast bf16 {cpu_has_fast_bf16()}; {cpu_kernels.build_flags()}"
-    )
+from backend.bench.machine import cpu_summary
+from benchmarks.step_parts import PartTimer, label_kernels
 
 
 def start_batch(llm, num_seqs: int, prompt_len: int) -> None:

@@ -1,7 +1,7 @@
 """Prefill speed of the engine with its native prefill attention and with PyTorch's, in one process.
 
-    python -m backend.bench.prefill_attention                    # the dense default model, 16 x 256 tokens
-    python -m backend.bench.prefill_attention --model DIR --prompts 16 --prompt-len 256 --rounds 4
+    python -m benchmarks.prefill_attention                       # the dense default model, 16 x 256 tokens
+    python -m benchmarks.prefill_attention --model DIR --prompts 16 --prompt-len 256 --rounds 4
 
 Rounds alternate the two paths on one loaded engine (ModelRunner.prefill_kernel switched between rounds,
 as PLAYGROUND_PREFILL_ATTENTION=0 sets it at start): each round adds --prompts random prompts at once with
@@ -18,7 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
-from backend.bench.step_profile import cpu_summary
+from backend.bench.machine import cpu_summary
 
 DENSE_MODEL = Path.home() / ".cache" / "llm-playground" / "model-dense"  # the default model in bf16
 

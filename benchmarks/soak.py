@@ -6,8 +6,8 @@ sprinkle of malformed requests. It checks what must hold after any such traffic:
 completed, only the deliberately bad ones failed (each with a 4xx), no KV block still in use, and the
 server's resident memory flat between 10% and 100% of the run (growth under 5%).
 
-    python -m backend.bench.soak                     # starts `app.py serve` on the default model
-    python -m backend.bench.soak --base-url URL      # or drives a server that is already running
+    python -m benchmarks.soak                        # starts `app.py serve` on the default model
+    python -m benchmarks.soak --base-url URL         # or drives a server that is already running
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from backend.bench.soak_server import ServerUnderTest
+from benchmarks.soak_server import ServerUnderTest
 
 # Malformed bodies a hostile client sends; each must get a 4xx and leave the server serving.
 BAD_BODIES = (
@@ -222,7 +222,7 @@ def format_report(report: SoakReport, config: SoakConfig) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m backend.bench.soak", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.splitlines()[0])
     parser.add_argument("--base-url", default=None, help="a running server (default: start `app.py serve`)")
     parser.add_argument("--model", default=None, help="model for the started server (default: SmolLM2-135M)")
     parser.add_argument("--num-requests", type=int, default=1000)

@@ -20,7 +20,7 @@ def answered_as_child(args: argparse.Namespace, run: Callable[[argparse.Namespac
     if args.child:
         print(PREFIX + json.dumps(run(args)), flush=True)
         return True
-    from backend.bench.step_profile import cpu_summary
+    from backend.bench.machine import cpu_summary
 
     print(cpu_summary())
     return False

@@ -1,6 +1,6 @@
 """The first burst of a served run as a timeline: where each of its first tokens waited.
 
-    python -m backend.bench.burst_timeline --model DIR --num-prompts 32 --max-concurrency 16
+    python -m benchmarks.burst_timeline --model DIR --num-prompts 32 --max-concurrency 16
 
 The real server runs in this process (AsyncLLM.from_config + build_app under uvicorn, as `app.py serve`),
 `python app.py bench` drives it from another (random prompts, ignore_eos, after an untimed warm-up with
@@ -21,10 +21,10 @@ import os
 import tempfile
 from pathlib import Path
 
-from backend.bench import served_steps
-from backend.bench.burst_probe import BurstProbe, RequestTimes
-from backend.bench.step_recorder import StepRecord
 from backend.export.supervisor import free_port
+from benchmarks import served_steps
+from benchmarks.burst_probe import BurstProbe, RequestTimes
+from benchmarks.step_recorder import StepRecord
 
 
 def client_command(args: argparse.Namespace, port: int, out: Path, warm_up: bool) -> list[str]:
@@ -173,7 +173,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from backend.bench.step_profile import cpu_summary
+    from backend.bench.machine import cpu_summary
     from backend.engine import AsyncLLM
     from backend.engine.config import EngineConfig
 

@@ -1,7 +1,7 @@
 """Parallel sampling: KV blocks and prompt tokens computed for one request with n samples against n
 separate requests of the same prompt, with the prefix cache off and on.
 
-    python -m backend.bench.parallel_sampling [--model M] [--prompt-len 500] [--n 4] [--max-tokens 64]
+    python -m benchmarks.parallel_sampling [--model M] [--prompt-len 500] [--n 4] [--max-tokens 64]
 
 Each (prefix cache, mode) runs on its own engine of the same model and pool, in one process: "n=4" is one
 request with SamplingParams(n=4) (its samples share the prompt's blocks, copy-on-write on the last partial
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from backend.bench.step_profile import cpu_summary
+    from backend.bench.machine import cpu_summary
     from backend.default_model import default_model
     from backend.engine import LLM
 

@@ -1,6 +1,6 @@
 """Engine steps served over HTTP against the same engine stepping offline, at the same concurrency.
 
-    python -m backend.bench.served_steps --model DIR --num-prompts 64 --max-concurrency 16
+    python -m benchmarks.served_steps --model DIR --num-prompts 64 --max-concurrency 16
 
 Each variant runs in its own process, the variants interleaved over --rounds: "offline" steps the engine,
 keeping --max-concurrency requests in flight (a new one is added as one finishes, as a client would);
@@ -9,7 +9,7 @@ keeping --max-concurrency requests in flight (a new one is added as one finishes
 main thread and stepped on another (two OpenMP pools, the layout before); "served-fixed-threads" serves
 without fitting its thread count to the client's load (backend/engine/compute_threads.py). Every step
 is recorded (wall time, decode rows, prefill tokens, the gap since the previous step) by a StepRecorder
-(backend/bench/step_recorder.py); steps are compared by their batch composition, so a served decode step
+(benchmarks/step_recorder.py); steps are compared by their batch composition, so a served decode step
 of 16 rows is set beside an offline one of 16 rows. The offline warm-up uses another prompt seed so that
 the measured pass is not served from its prefix cache.
 """
@@ -27,10 +27,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from backend.bench.child_runs import answered_as_child, parent_argv
-from backend.bench.child_runs import run_child as run_variant
-from backend.bench.step_recorder import StepRecorder, step_summary, voluntary_switches
 from backend.export.supervisor import free_port
+from benchmarks.child_runs import answered_as_child, parent_argv
+from benchmarks.child_runs import run_child as run_variant
+from benchmarks.step_recorder import StepRecorder, step_summary, voluntary_switches
 
 if TYPE_CHECKING:
     from backend.engine.compute_threads import ComputeThreads
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for variant in args.variants:
             try:
-                result = run_variant("backend.bench.served_steps", base, variant)
+                result = run_variant("benchmarks.served_steps", base, variant)
             except RuntimeError as exc:
                 print(f"| {variant} | {exc} |")
                 continue

@@ -1,8 +1,8 @@
 """One MoE layer's routed experts on the native kernel (csrc/moe.cpp), random weights at a real model's shape.
 
-    python -m backend.bench.moe                           # OLMoE-1B-7B and Qwen3-30B-A3B, Q4_0, 1 and 16 rows
-    python -m backend.bench.moe --shape olmoe --rows 1 4 16 64 --threads 2 --repeat 50
-    python -m backend.bench.moe --qtype q8_0 --shape qwen3               # another type the engine interleaves
+    python -m benchmarks.moe                              # OLMoE-1B-7B and Qwen3-30B-A3B, Q4_0, 1 and 16 rows
+    python -m benchmarks.moe --shape olmoe --rows 1 4 16 64 --threads 2 --repeat 50
+    python -m benchmarks.moe --qtype q8_0 --shape qwen3                  # another type the engine interleaves
 
 Each line is the median time of one call of the layer (router GEMM + routing + every routed expert + combine)
 over --repeat calls of fresh random tokens each, after warm-up calls: wall time, and the process's CPU time
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     import torch
 
-    from backend.bench.step_profile import cpu_summary
+    from backend.bench.machine import cpu_summary
 
     if args.threads:
         torch.set_num_threads(args.threads)

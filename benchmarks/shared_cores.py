@@ -1,6 +1,6 @@
 """A Chat reply beside busy neighbours: the serving engine's fitted thread count against a fixed one.
 
-    python -m backend.bench.shared_cores [--model M] [--tokens 256] [--repeats 3] [--neighbours 1]
+    python -m benchmarks.shared_cores [--model M] [--tokens 256] [--repeats 3] [--neighbours 1]
 
 Each (mode, repeat) runs in its own process, the modes interleaved: "fixed" keeps the threads the engine
 starts with, "fitted" fits them to the cores other processes leave free (backend/engine/compute_threads.py,
@@ -20,8 +20,8 @@ import sys
 import time
 from contextlib import contextmanager
 
-from backend.bench.child_runs import answered_as_child, parent_argv
-from backend.bench.child_runs import run_child as run_variant
+from benchmarks.child_runs import answered_as_child, parent_argv
+from benchmarks.child_runs import run_child as run_variant
 
 MODES = ("fixed", "fitted")
 CONDITIONS = ("quiet", "busy")
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|")
     for repeat in range(args.repeats):
         for mode in MODES:
-            result = run_variant("backend.bench.shared_cores", base, mode)
+            result = run_variant("benchmarks.shared_cores", base, mode)
             runs[mode].append(result)
             cells = [f"{result[c]['tok_s']:.1f} | {result[c]['threads']}" for c in CONDITIONS]
             print(f"| {repeat + 1} | {mode} | " + " | ".join(cells) + " |", flush=True)

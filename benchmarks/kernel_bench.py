@@ -1,10 +1,10 @@
 """Microbenchmarks of the native CPU kernels (csrc/) at one model's shapes, beside the torch ops they replace.
 
-    python -m backend.bench.kernel_bench                         # SmolLM2-135M's shapes, 64 and 1 rows
-    python -m backend.bench.kernel_bench --rows 64 1 --context 160 --threads 2 --repeat 200
-    python -m backend.bench.kernel_bench --only gemm --rows 1 4 16 32 64 128 --threads 1   # GEMMs alone
-    python -m backend.bench.kernel_bench --only prefill --rows 2048 --chunk 256 --threads 2   # attention
-    python -m backend.bench.kernel_bench --only paged_decode --rows 16 --context 4096 --window 512   # windows
+    python -m benchmarks.kernel_bench                            # SmolLM2-135M's shapes, 64 and 1 rows
+    python -m benchmarks.kernel_bench --rows 64 1 --context 160 --threads 2 --repeat 200
+    python -m benchmarks.kernel_bench --only gemm --rows 1 4 16 32 64 128 --threads 1   # GEMMs alone
+    python -m benchmarks.kernel_bench --only prefill --rows 2048 --chunk 256 --threads 2   # attention
+    python -m benchmarks.kernel_bench --only paged_decode --rows 16 --context 4096 --window 512   # windows
 
 Random tensors, no model loaded: each line is the median time of one call (microseconds) over --repeat
 calls after a few warm-up ones, so a kernel's change shows without the noise of a whole decode step.
@@ -243,7 +243,7 @@ def _fused_gemm(x: Any, weights: Iterator[Any], n: int) -> object:
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    from backend.bench.step_profile import cpu_summary
+    from backend.bench.machine import cpu_summary
 
     if args.threads:
         torch.set_num_threads(args.threads)

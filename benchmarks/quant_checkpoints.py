@@ -1,7 +1,7 @@
 """GPTQ and AWQ checkpoints of a dense model, written by a packer that follows the published layouts (no
 tool here packs them on a CPU without a GPU), plus the dense model their dequantized weights make; and
 compressed-tensors checkpoints written by compressed-tensors itself. Used by the tests and by
-`python -m backend.bench.quantized_formats`.
+`python -m benchmarks.quantized_formats`.
 
 Layouts (backend/engine/quantization/gptq_awq.py has the reader): GPTQ as AutoGPTQ / GPTQModel `pack`
 write checkpoint_format "gptq" (qweight packs input rows, qzeros packs output columns and stores zero - 1,

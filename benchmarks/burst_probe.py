@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.bench.step_recorder import StepRecord, StepRecorder
+from benchmarks.step_recorder import StepRecord, StepRecorder
 
 TIMED_PATHS = ("/v1/completions", "/v1/chat/completions")
 

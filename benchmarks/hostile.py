@@ -1,8 +1,8 @@
 """Hostile requests, one or a few per class of docs/security.md, against a real `app.py serve`: for each,
 the status it gets, the response's size, how long it took, and the slowest /health answer while it ran.
 
-    python -m backend.bench.hostile                  # starts `app.py serve` (default model, small queue)
-    python -m backend.bench.hostile --base-url URL   # a server already started with SERVER_ARGS
+    python -m benchmarks.hostile                     # starts `app.py serve` (default model, small queue)
+    python -m benchmarks.hostile --base-url URL      # a server already started with SERVER_ARGS
 
 The fairness case connects from 127.0.0.2 and 127.0.0.3 (two clients on one machine), so the server must
 listen on 127.0.0.1. A client timeout (default 60 s) stands for "no answer".
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from backend.bench.soak_server import ServerUnderTest
+from benchmarks.soak_server import ServerUnderTest
 
 SERVER_ARGS = ("--max-num-seqs", "4", "--max-waiting-requests", "32", "--disable-uvicorn-access-log")
 MAX_BODY = 4 * 1024 * 1024
@@ -191,9 +191,7 @@ def format_row(o: Outcome) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m backend.bench.hostile", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.hostile", description=__doc__.splitlines()[0])
     parser.add_argument("--base-url", default=None, help="a running server (default: start `app.py serve`)")
     parser.add_argument("--model", default=None, help="model for the started server (default: SmolLM2-135M)")
     parser.add_argument("--timeout", type=float, default=60.0, help="client timeout per case (s)")

@@ -1,6 +1,6 @@
 """Every checkpoint format the engine runs as stored, on the default model, against its dense bf16 copy.
 
-`python -m backend.bench.quantized_formats` writes the default model (SmolLM2-135M) as a dense bf16
+`python -m benchmarks.quantized_formats` writes the default model (SmolLM2-135M) as a dense bf16
 folder, as GPTQ and AWQ (4-bit, group 64: its hidden size 576 is not a multiple of 128) with
 quant_checkpoints' packer, and as compressed-tensors W4A16 and fp8 with compressed-tensors itself when
 `.venv-vllm` is there; the packaged Q4_1 GGUF runs as it is. One process, one engine per format: weights
@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from backend.bench.quant_checkpoints import Scheme, write_checkpoint, write_compressed_tensors
 from backend.bench.quantized import decode_rates
+from benchmarks.quant_checkpoints import Scheme, write_checkpoint, write_compressed_tensors
 
 ROOT = Path(__file__).resolve().parents[2]
 CT_SPECS = {

@@ -1,7 +1,7 @@
 """Time to "engine ready" for a model, phase by phase: what the Launch tab's progress bar shows.
 
-    python -m backend.bench.load_time                  # the default model, as the Launch tab loads it
-    python -m backend.bench.load_time --model X.gguf --repeats 3 --cold
+    python -m benchmarks.load_time                     # the default model, as the Launch tab loads it
+    python -m benchmarks.load_time --model X.gguf --repeats 3 --cold
 
 Each start runs in a fresh Python process (so importing torch counts, as it does for the app's first
 launch) through EngineHolder.launch with the Launch tab's default settings. --cold empties the GGUF

@@ -1,7 +1,7 @@
 """Speculative decoding: the embedded engine with and without n-gram drafts, same model, one process.
 
-    python -m backend.bench.speculative                   # default model, copy workload + random batch
-    python -m backend.bench.speculative --sweep 1,2,4,8   # where speculation stops paying (threshold)
+    python -m benchmarks.speculative                      # default model, copy workload + random batch
+    python -m benchmarks.speculative --sweep 1,2,4,8      # where speculation stops paying (threshold)
 
 (a) input-copying prompts built from bundled text ("correct the typos in this paragraph", "repeat this
 code with one change"), greedy, at batch 1 and at a small batch: output tok/s without and with n-gram

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from backend.bench.metric_names import ENGINE_METRICS, SIGNATURES
+from backend.monitor.metric_names import ENGINE_METRICS, SIGNATURES
 
 if TYPE_CHECKING:
     from backend.engine.stats import EngineStats  # the engine (and torch) only when it runs here
