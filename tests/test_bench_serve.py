@@ -16,7 +16,7 @@ from backend.bench.datasets import CORPUS_PATH, sample_requests
 from backend.bench.plots import latency_figure
 from backend.bench.results import percentile
 from backend.bench.serve import BenchConfig, arrival_intervals, run_benchmark
-from tests.server_utils import tiny_llama_server, wait_until
+from tests.server_utils import wait_until
 
 SUMMARY_KEYS = {
     "duration",
@@ -31,12 +31,6 @@ SUMMARY_KEYS = {
 LATENCY_KEYS = {
     f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "median", "p90", "p99")
 }
-
-
-@pytest.fixture(scope="module")
-def served():
-    with tiny_llama_server() as (engine, server):
-        yield engine, server
 
 
 def config(server, **kw) -> BenchConfig:

@@ -25,7 +25,6 @@ from backend.bench.compare_report import (
 from backend.engine.config import EngineConfig
 from backend.export.startup import Startup, error_lines
 from tests.engine_utils import tiny_model
-from tests.server_utils import tiny_llama_server
 
 # Lines from a real `vllm serve` (0.32.0, CPU) log, in order; the last one is a failed start.
 VLLM_LOG = [
@@ -58,12 +57,6 @@ def test_error_lines_lead_with_the_engines_exception():
     lines = error_lines([*VLLM_LOG, "Traceback (most recent call last):", FAILURE, "  raise", "done"])
     assert lines[0] == "ValueError: No common block size for 16 (CPU_ATTN: [MultipleOf(32)])."
     assert lines[-1] == "done"
-
-
-@pytest.fixture(scope="module")
-def served():
-    with tiny_llama_server() as (engine, server):
-        yield engine, server
 
 
 def test_compare_runs_the_same_workload_on_each_target_and_writes_reports(served, tmp_path):

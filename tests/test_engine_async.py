@@ -16,7 +16,7 @@ from tests.engine_utils import (
     tiny_model,
 )
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "no_leaked_blocks")
 
 ARCH = "qwen3"
 
@@ -28,12 +28,6 @@ def engine():
     yield async_llm
     async_llm.shutdown()
     async_llm.shutdown()  # idempotent
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_blocks(engine):
-    yield
-    assert_engine_clean(engine.llm)
 
 
 async def collect(engine, prompt, params, request_id=None):

@@ -13,7 +13,7 @@ from backend.engine.quantization.row_packed import RowPacked
 from benchmarks.quant_checkpoints import write_compressed_tensors
 from tests.common_utils import ROOT
 from tests.engine_utils import assert_engine_clean, hf_greedy, prompts
-from tests.quant_pack_utils import NATIVE, count_calls, tiny_dense_model
+from tests.quant_pack_utils import NATIVE, count_calls
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 INT = dict(format="pack-quantized", type="int")
@@ -26,11 +26,6 @@ SPECS = {
     "fp8-tensor": FP8 | dict(strategy="tensor"),
 }
 TOKENS = 12
-
-
-@pytest.fixture(scope="module")
-def dense_folder(tmp_path_factory) -> str:
-    return tiny_dense_model(tmp_path_factory.mktemp("dense"))
 
 
 @pytest.mark.parametrize("name", SPECS)

@@ -15,29 +15,22 @@ from tests.engine_utils import (
     tiny_model,
 )
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "no_leaked_blocks")
 
 MAX_TOKENS = 24
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
-_engines: list[LLM] = []
+LEAK_CHECKED: list[LLM] = []  # every engine built here (no_leaked_blocks checks them)
 
 
 def make_llm(arch: str, **kwargs) -> LLM:
     llm = LLM(tiny_model(arch)[0], dtype="float32", device="cpu", **kwargs)
-    _engines.append(llm)
+    LEAK_CHECKED.append(llm)
     return llm
 
 
 @pytest.fixture(scope="module")
 def engines() -> dict[str, LLM]:
     return {arch: make_llm(arch) for arch in ARCHITECTURES}
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_blocks():
-    yield
-    for llm in _engines:
-        assert_engine_clean(llm)
 
 
 def token_ids(outputs) -> list[list[int]]:
@@ -86,7 +79,7 @@ def test_chunked_prefill_token_budgets(arch, budget):
     if budget < max(map(len, batch)):
         # a prompt longer than the budget took several steps: more steps than generated tokens per request
         assert stats.num_steps_total > MAX_TOKENS + max(map(len, batch)) // budget - 1
-    _engines.remove(llm)
+    LEAK_CHECKED.remove(llm)
     assert_engine_clean(llm)
 
 
@@ -118,7 +111,7 @@ def test_prefix_caching_on_and_off(arch, enable_prefix_caching):
         assert stats.prefix_cache_queries_total >= 2 * sum(map(len, batch))
     else:
         assert stats.prefix_cache_hits_total == 0
-    _engines.remove(llm)
+    LEAK_CHECKED.remove(llm)
     assert_engine_clean(llm)
 
 
@@ -135,7 +128,7 @@ def test_forced_prefix_cache_hash_collision_never_serves_another_prompts_kv(monk
         assert token_ids(llm.generate(prompt, GREEDY)) == [want]
     assert token_ids(llm.generate(batch, GREEDY)) == expected
     assert llm.stats().prefix_cache_hits_total >= 16
-    _engines.remove(llm)
+    LEAK_CHECKED.remove(llm)
     assert_engine_clean(llm)
 
 
@@ -146,7 +139,7 @@ def test_preemption_when_the_kv_pool_is_small(arch):
     outs = llm.generate(batch, GREEDY)
     assert llm.stats().num_preemptions_total > 0
     assert token_ids(outs) == [hf_greedy(arch, p, MAX_TOKENS) for p in batch]
-    _engines.remove(llm)
+    LEAK_CHECKED.remove(llm)
     assert_engine_clean(llm)
 
 
@@ -160,5 +153,5 @@ def test_longrope_factors_follow_max_model_len(max_model_len, lengths):
     assert token_ids(llm.generate(batch, GREEDY)) == [
         hf_greedy("phi4_mini_long", p, MAX_TOKENS) for p in batch
     ]
-    _engines.remove(llm)
+    LEAK_CHECKED.remove(llm)
     assert_engine_clean(llm)

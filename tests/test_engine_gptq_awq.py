@@ -22,7 +22,7 @@ from benchmarks.quant_checkpoints import (
 )
 from tests.common_utils import ROOT
 from tests.engine_utils import assert_engine_clean, hf_greedy, prompts
-from tests.quant_pack_utils import NATIVE, count_calls, tiny_dense_model
+from tests.quant_pack_utils import NATIVE, count_calls
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SCHEMES = [
@@ -35,11 +35,6 @@ SCHEMES = [
     Scheme("awq", 4, 64),
 ]
 TOKENS = 12
-
-
-@pytest.fixture(scope="module")
-def dense_folder(tmp_path_factory) -> str:
-    return tiny_dense_model(tmp_path_factory.mktemp("dense"))
 
 
 @pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.name)

@@ -16,7 +16,7 @@ from tests.engine_utils import (
     tiny_model,
 )
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "no_leaked_blocks")
 
 ARCH = "llama"
 
@@ -24,12 +24,6 @@ ARCH = "llama"
 @pytest.fixture(scope="module")
 def llm() -> LLM:
     return LLM(tiny_model(ARCH)[0], dtype="float32", device="cpu")
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_blocks(llm):
-    yield
-    assert_engine_clean(llm)
 
 
 def greedy_ids(llm, prompt, max_tokens=24) -> list[int]:

@@ -15,7 +15,7 @@ from backend.server.fairness import ClientLine
 from tests.engine_utils import prompts, tiny_model
 from tests.server_utils import RunningServer, start_engine, wait_until
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "no_leaked_blocks")
 MODEL = "tiny"
 TOLERANCE = 1e-4
 
@@ -39,13 +39,6 @@ def served():
 @pytest.fixture
 def client(served):
     return openai.OpenAI(base_url=f"{served[1].url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_blocks(served):
-    yield
-    engine = served[0]
-    wait_until(lambda: engine.stats().num_kv_blocks_used == 0 and not engine.engine.requests, what="idle")
 
 
 def reference(prompt: list[int]) -> torch.Tensor:

@@ -9,9 +9,6 @@ import httpx
 import openai
 import pytest
 
-from tests.engine_utils import assert_engine_clean
-from tests.server_utils import tiny_llama_server
-
 TOOL = {
     "type": "function",
     "name": "get_weather",
@@ -41,13 +38,6 @@ CHAT_HISTORY = [
     },
     {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "clear"}'},
 ]
-
-
-@pytest.fixture(scope="module")
-def served():
-    with tiny_llama_server() as (engine, server):
-        yield engine, server
-        assert_engine_clean(engine.llm)
 
 
 @pytest.fixture

@@ -11,8 +11,6 @@ import pytest
 from lm_eval.utils import RemoteTokenizer, check_remote_tokenizer_support
 
 from tests.common_utils import ROOT
-from tests.engine_utils import assert_engine_clean
-from tests.server_utils import tiny_llama_server
 
 TEXTS = [
     "Hello world",
@@ -27,13 +25,6 @@ CHAT = [
     {"role": "assistant", "content": "4"},
     {"role": "user", "content": "And 3 + 3?"},
 ]
-
-
-@pytest.fixture(scope="module")
-def served():
-    with tiny_llama_server() as (engine, server):
-        yield engine, server
-        assert_engine_clean(engine.llm)
 
 
 def post(served, path: str, body: dict) -> httpx.Response:
