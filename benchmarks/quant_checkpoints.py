@@ -6,7 +6,7 @@ compressed-tensors checkpoints written by compressed-tensors itself. Used by the
 Layouts (backend/engine/quantization/gptq_awq.py has the reader): GPTQ as AutoGPTQ / GPTQModel `pack`
 write checkpoint_format "gptq" (qweight packs input rows, qzeros packs output columns and stores zero - 1,
 fp16 scales, g_idx), AWQ as AutoAWQ `WQLinear_GEMM.from_linear` (qweight [k, n / 8] and qzeros packed
-along output columns in the order 0 2 4 6 1 3 5 7). tests/test_engine_gptq_awq.py checks pack_rows /
+along output columns in the order 0 2 4 6 1 3 5 7). tests/engine/test_engine_gptq_awq.py checks pack_rows /
 pack_columns byte for byte against vLLM's own gptq_pack / awq_pack (vLLM's test helpers).
 Quantization is round-to-nearest per group (the packing, not GPTQ's error feedback, is what a loader
 must get right); scales are rounded to fp16 before quantizing, so the dequantized reference is exact.

@@ -16,7 +16,8 @@ from backend.planner.catalog import GIB, GPU, get_gpu
 from backend.planner.request import PlanRequest
 from backend.planner.vllm_versions import FAMILIES, VllmFamily, family_for
 
-# The version backend/export/vllm.py writes launch files for (tests/test_planner_vllm.py checks they agree).
+# The version backend/export/vllm.py writes launch files for (tests/planner/test_planner_vllm.py checks
+# they agree).
 VLLM_TARGET_VERSION = "0.33.0"
 # vllm/engine/arg_utils.py EngineArgs.get_batch_defaults: on a GPU with >= 70 GiB that is not an A100
 # (from 0.9, vllm_versions.VllmFamily.large_gpu_defaults), 16384 (LLM class) / 8192 (API server) batched

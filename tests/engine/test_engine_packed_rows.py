@@ -132,7 +132,7 @@ def test_each_instruction_set_build_computes_the_same(march, width):
     script = (
         "from backend.engine import cpu_kernels\n"
         f"assert cpu_kernels.load_library().quant_vector_width() == {width}\n"
-        "from tests.test_engine_packed_rows import PARTS, check_kernels\n"
+        "from tests.engine.test_engine_packed_rows import PARTS, check_kernels\n"
         "for name in PARTS: check_kernels(name)\n"
         "print('ok')\n"
     )

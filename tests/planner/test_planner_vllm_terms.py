@@ -15,7 +15,7 @@ from backend.planner.catalog import GIB
 from backend.planner.validation import load_runs
 from backend.planner.vllm_versions import FAMILIES, family_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUNS = {r.id: r for r in load_runs()}
 
 

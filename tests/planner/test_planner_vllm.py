@@ -26,7 +26,7 @@ from backend.planner.validation_report import format_summary
 from backend.planner.vllm_rules import VLLM_TARGET_VERSION, parse_version, scheduler_limits
 from backend.planner.vllm_versions import family_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUNS = load_runs()
 
 

@@ -18,7 +18,7 @@ import pytest
 from backend.bench.decode_table import ENGINE, PEER, DecodeRow, format_table, ratio
 from backend.bench.llamacpp_decode import parse_batched_bench, parse_llama_bench
 
-DATA = Path(__file__).parent / "data" / "llamacpp_bench"
+DATA = Path(__file__).resolve().parents[1] / "data" / "llamacpp_bench"
 
 
 def recorded(name: str) -> str:

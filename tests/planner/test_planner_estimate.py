@@ -210,7 +210,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=__import__("pathlib").Path(__file__).resolve().parents[1],
+        cwd=__import__("pathlib").Path(__file__).resolve().parents[2],
     )
 
 

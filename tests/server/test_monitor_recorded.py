@@ -23,7 +23,7 @@ from backend.monitor.samples import (
     sample_from_text,
 )
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def recorded(engine: str, t: int) -> str:
