@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 MAX_TOKENS = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
 # block_size 4 and 30 blocks preempt (a 70-token prompt and its continuation take 22); a 16-token budget
-# chunks every prompt past it (tests/test_moe_models.py's settings)
+# chunks every prompt past it (tests/engine/test_moe_models.py's settings)
 STRESS = dict(block_size=4, num_kv_blocks=30, max_num_seqs=8, max_num_batched_tokens=16, max_model_len=112)
 VOCAB = 49152  # the default tokenizer's ids (the harmony control tokens above it are left out of prompts)
 
@@ -96,8 +96,8 @@ def test_mxfp4_experts_stay_blocks_and_give_transformers_dequantized_tokens():
 
 def test_mxfp4_logprobs_equal_transformers_within_fp32_summation_error():
     """The first generated token's top-5 logprobs against transformers' log-softmax of its logits: the
-    blocks decode exactly (tests/test_mxfp4.py), so only the summation order differs (fp32: 1e-4 absolute
-    on logprobs of order 10)."""
+    blocks decode exactly (tests/engine/test_mxfp4.py), so only the summation order differs (fp32: 1e-4
+    absolute on logprobs of order 10)."""
     llm = LLM(tiny_gpt_oss_mxfp4(), dtype="float32", device="cpu", max_model_len=256)
     requests = prompts(lengths=(5, 33, 70), seed=7, vocab=VOCAB)
     params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=5)
