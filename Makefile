@@ -1,4 +1,4 @@
-# Two commands do all the set-up: `make run` and `make test` (`make lint`: ruff + mypy over backend/).
+# Two commands do all the set-up: `make run` and `make test` (`make lint`: ruff + mypy over backend/ and benchmarks/).
 # Installs are keyed on the requirement files' contents: a second run reinstalls nothing.
 PYTHON ?= python3
 VENV := .venv

@@ -48,3 +48,50 @@ def default_hf_model():
     from backend.hf_reference import load_hf_model
 
     return load_hf_model(default_model(check_hub=False), torch.float32)
+
+
+@pytest.fixture(scope="module")
+def served():
+    """(engine, server): tiny_llama_server for a module's tests, left with no KV block and no request. A
+    module that needs another server (the default model, other limits) defines its own `served`."""
+    from tests.engine_utils import assert_engine_clean
+    from tests.server_utils import tiny_llama_server
+
+    with tiny_llama_server() as (engine, server):
+        yield engine, server
+        assert_engine_clean(engine.llm)
+
+
+@pytest.fixture(scope="module")
+def dense_folder(tmp_path_factory) -> str:
+    """A tiny random Llama that group-size-128 quantized checkpoints are packed from (quant_pack_utils)."""
+    from tests.quant_pack_utils import tiny_dense_model
+
+    return tiny_dense_model(tmp_path_factory.mktemp("dense"))
+
+
+@pytest.fixture
+def no_leaked_blocks(request):
+    """After each test, the engines it used hold no KV block and no request: the test's `llm` (an LLM)
+    or `engine` (an AsyncLLM) fixture and the engines in its module's LEAK_CHECKED list get
+    assert_engine_clean; a `served` server is waited on until idle (a client that left may still have
+    a request finishing). Opt in per module: `pytestmark = pytest.mark.usefixtures("no_leaked_blocks")`."""
+    from tests.engine_utils import assert_engine_clean
+    from tests.server_utils import wait_until
+
+    used = {
+        name: request.getfixturevalue(name)
+        for name in ("llm", "engine", "served")
+        if name in request.fixturenames
+    }
+    yield
+    for llm in [
+        *getattr(request.module, "LEAK_CHECKED", ()),
+        used.get("llm"),
+        getattr(used.get("engine"), "llm", None),
+    ]:
+        if llm is not None:
+            assert_engine_clean(llm)
+    if "served" in used:
+        engine = used["served"][0]
+        wait_until(lambda: engine.stats().num_kv_blocks_used == 0 and not engine.engine.requests, what="idle")

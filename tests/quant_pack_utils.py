@@ -1,4 +1,4 @@
-"""The tiny random Llama the quantized-checkpoint tests pack (backend/bench/quant_checkpoints.py packs it)."""
+"""The tiny random Llama the quantized-checkpoint tests pack (benchmarks/quant_checkpoints.py packs it)."""
 
 from __future__ import annotations
 

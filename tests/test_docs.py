@@ -1,6 +1,7 @@
 """The docs stay true to the tree: every relative link in README.md and docs/*.md reaches a file (and a
-heading, for a #anchor into a Markdown page), and every `python -m backend...` / `python app.py ...`
-command in a ```bash block answers `--help` (its module imports and its parser exits 0 with a usage)."""
+heading, for a #anchor into a Markdown page), and every `python -m backend...` / `python -m benchmarks...`
+/ `python app.py ...` command in a ```bash block answers `--help` (its module imports and its parser
+exits 0 with a usage)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from tests.common_utils import ROOT
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
-COMMAND = re.compile(r"\bpython (?:-m (backend(?:\.\w+)+)|app\.py(?: ([a-z][\w-]*))?)")
+COMMAND = re.compile(r"\bpython (?:-m ((?:backend|benchmarks)(?:\.\w+)+)|app\.py(?: ([a-z][\w-]*))?)")
 # runs each command's --help in one process (the imports are shared: one torch import, not one a module)
 HELP_ALL = """
 import contextlib, io, json, runpy, sys
@@ -99,6 +100,7 @@ def test_documented_commands_answer_help():
     commands = sorted(documented_commands())
     assert "script app.py estimate" in commands
     assert any(c.startswith("module backend.bench") for c in commands)
+    assert any(c.startswith("module benchmarks.") for c in commands)
     result = subprocess.run(
         [sys.executable, "-c", HELP_ALL, json.dumps(commands)],
         cwd=ROOT,

@@ -1,6 +1,8 @@
 """backend/ is a layer below ui/ and app.py: its import graph (read from the source, lazy imports included)
 has no cycles, and no backend module imports ui, app or gradio. ui/ has no cycles either, among its own
-modules or through backend."""
+modules or through backend. Outside backend/bench, backend/ imports nothing of it (monitoring is
+backend/monitor) and ui/ only the user-facing benchmark modules; nothing in the product imports the
+developer tools under benchmarks/."""
 
 from __future__ import annotations
 
@@ -93,15 +95,72 @@ def test_backend_imports_no_ui_app_or_gradio():
     assert not upward, f"backend modules importing ui/, app.py or gradio: {upward}"
 
 
+# What users run (the serving benchmark, Compare and their figures) and the UI's Bench and Compare tabs
+# show; the rest of backend/bench (offline benchmark, llama.cpp runs) is reached by its own commands.
+USER_FACING_BENCH = {
+    "backend.bench.compare",
+    "backend.bench.compare_quality",
+    "backend.bench.compare_report",
+    "backend.bench.compare_targets",
+    "backend.bench.datasets",
+    "backend.bench.plots",
+    "backend.bench.serve",
+}
+
+
+def bench_imports(prefix: str) -> dict[str, set[str]]:
+    """module -> the backend.bench modules it imports, for every module whose name starts with prefix."""
+    graph, _ = backend_graph("ui")
+    return {
+        name: {t for t in targets if t.startswith("backend.bench.")}
+        for name, targets in graph.items()
+        if name.startswith(prefix)
+    }
+
+
+def test_backend_outside_bench_does_not_import_bench():
+    """Monitoring lives in backend/monitor so that the server and export reach it without bench."""
+    imports = {
+        name: targets
+        for name, targets in bench_imports("backend.").items()
+        if not name.startswith("backend.bench")
+    }
+    assert "backend.monitor.samples" in backend_graph()[0]["backend.export.process"]  # the graph sees it
+    assert not {name: sorted(t) for name, t in imports.items() if t}
+
+
+def test_ui_imports_only_user_facing_bench_modules():
+    imports = bench_imports("ui.")
+    assert imports["ui.bench_tab"] >= {"backend.bench.serve"}  # the check sees the tabs' imports
+    assert not {name: sorted(t - USER_FACING_BENCH) for name, t in imports.items() if t - USER_FACING_BENCH}
+
+
+def test_backend_and_ui_never_import_benchmarks():
+    """benchmarks/ holds developer tools: they import backend/, nothing in the product imports them."""
+    files = [*(ROOT / "backend").rglob("*.py"), *(ROOT / "ui").rglob("*.py"), ROOT / "app.py"]
+    assert len(files) > 100
+    bad = {
+        path.relative_to(ROOT).as_posix(): sorted(
+            name
+            for name in imported_names(path, module_name(path).rpartition(".")[0])
+            if name.split(".")[0] == "benchmarks"
+        )
+        for path in files
+    }
+    assert not {name: targets for name, targets in bad.items() if targets}
+
+
 def test_tests_import_helpers_only_from_utils_modules():
     """Helpers live in tests/*_utils.py and fixtures in conftest.py; a test module imports neither
     conftest nor another test module (pytest would collect and run the imported tests twice)."""
+    paths = [p for p in (ROOT / "tests").rglob("*.py") if "data" not in p.relative_to(ROOT / "tests").parts]
+    assert any(p.parent.name == "engine" for p in paths)  # the area folders are read too
     bad = {
-        path.name: sorted(
+        path.relative_to(ROOT).as_posix(): sorted(
             name
-            for name in imported_names(path, "tests")
-            if name.startswith(("tests.test_", "tests.conftest"))
+            for name in imported_names(path, module_name(path).rpartition(".")[0])
+            if name.split(".")[-1].startswith(("test_", "conftest"))
         )
-        for path in (ROOT / "tests").glob("*.py")
+        for path in paths
     }
     assert not {name: targets for name, targets in bad.items() if targets}

@@ -15,9 +15,9 @@ each argument list with that vLLM's real `vllm serve` parser and prints what the
 tests compare it with the extraction from the same source.
 
 The output lists every option string (`options`), options that the engine still parses only to stop with
-"removed" (`removed`), and the allowed values of the enumerated ones (`choices`). tests/test_export_flags.py
-checks every exported command against these files; when an engine module's target version changes,
-regenerate its file.
+"removed" (`removed`), and the allowed values of the enumerated ones (`choices`).
+tests/export/test_export_flags.py checks every exported command against these files; when an engine
+module's target version changes, regenerate its file.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@
 
 `sky.Task.from_yaml` validates the task with `schemas.get_task_schema()` and its `resources` block with
 `schemas.get_resources_schema()` (Draft 7 plus SkyPilot's `case_insensitive_enum` keyword);
-tests/test_export_validity.py applies both to every exported skypilot.yaml. When the SkyPilot version the
-export targets changes, record the file again.
+tests/export/test_export_validity.py applies both to every exported skypilot.yaml. When the SkyPilot
+version the export targets changes, record the file again.
 """
 
 from __future__ import annotations

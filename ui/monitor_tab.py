@@ -7,7 +7,7 @@ from typing import Any
 
 import gradio as gr
 
-from backend.bench.monitor import metrics_url
+from backend.monitor.samples import metrics_url
 from backend.url_guard import URLGuard
 from ui import charts
 from ui.common import AppContext, count, error_message, info_message, message, percent, tok_s
@@ -34,7 +34,7 @@ def start_monitor(url: str, ctx: AppContext | None = None) -> tuple:
 
     In public mode ctx's guard refuses what a visitor may not fetch; this app's own API key is sent
     only to this app's own /metrics."""
-    from backend.bench.monitor import MetricsPoller
+    from backend.monitor.samples import MetricsPoller
 
     url = (url or "").strip()
     off = gr.Timer(active=False)

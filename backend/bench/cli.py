@@ -48,8 +48,8 @@ def main(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from backend.bench.monitor import MetricsPoller
     from backend.bench.serve import BenchConfig, format_result, run_benchmark
+    from backend.monitor.samples import MetricsPoller
 
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     try:

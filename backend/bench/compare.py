@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from backend.bench.monitor import MetricsPoller
 from backend.bench.serve import BenchConfig, BenchResult, run_benchmark
+from backend.monitor.samples import MetricsPoller
 
 if TYPE_CHECKING:
     from backend.quality.statistics import QualityResult

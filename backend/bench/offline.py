@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass
 
 from backend.bench import quantized, versus_llamacpp
+from backend.bench.machine import cpu_summary
 from backend.bench.peer import run_vllm
-from backend.bench.step_profile import cpu_summary
 
 
 @dataclass(slots=True)

@@ -33,7 +33,7 @@ from backend.bench import bench_models, random_model
 from backend.bench.decode_table import ENGINE, PEER, DecodeRow, format_table
 from backend.bench.llamacpp_decode import batched_bench_decode, llama_bench_decode
 from backend.bench.llamacpp_tools import REPO
-from backend.bench.step_profile import cpu_summary
+from backend.bench.machine import cpu_summary
 
 
 def engine_decode(llm, batch_size: int, prompt_len: int, n_gen: int, seed: int) -> float:

@@ -4,7 +4,7 @@ Everything else derives from these fields and their metadata (`knob`, backend/kn
 minimum): the server CLI (`add_cli_args` / `from_cli_args`, like vLLM's `EngineArgs`), `LLM(model,
 **kwargs)` (`from_kwargs`, like nano-vllm's `Config` filter), the UI's Launch form and the embedded
 exporter (`cli_args`).
-tests/test_engine_config.py checks that every field reaches each of them.
+tests/engine/test_engine_config.py checks that every field reaches each of them.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ copies its inputs into the first M rows, then runs the calls with M as their row
 embeds the tokens: a dense table's rows or an interleaved Q8_0 one's, else a torch call embeds them before);
 rows past M are never read. The calls are those of the eager modules with the same
 arguments (the decode kernel reads a row's first ceil(len / block_size) table entries whatever the
-tables' width), so the logits are the eager path's bit for bit (tests/test_decode_graph.py).
+tables' width), so the logits are the eager path's bit for bit (tests/engine/test_decode_graph.py).
 
 A step is captured-path only when every row is one plain decode that samples (no prefill chunk, no
 draft tokens) and its rows fit the kernels (GGUF blocks kept row by row, the K-types: quant_gemv's 8 rows,

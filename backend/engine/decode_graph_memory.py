@@ -1,7 +1,7 @@
 """The captured decode step's buffers counted before they exist (decode_graph.py allocates them): what the
 engine's default KV budget gives up to them, and the planner's figure for the embedded engine.
 
-DecodeGraph.buffer_bytes sums the tensors the graph allocated; tests/test_decode_graph_memory.py holds
+DecodeGraph.buffer_bytes sums the tensors the graph allocated; tests/engine/test_decode_graph_memory.py holds
 this count to that sum. No torch here: the planner imports it.
 """
 

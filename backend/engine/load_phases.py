@@ -1,7 +1,7 @@
 """Where the time of starting an engine goes: named phases, timed, announced as each one starts.
 
 The loader and LLMEngine mark their phases on a LoadPhases passed down to them; EngineHolder hands its
-listener to the UI's progress bar, and `python -m backend.bench.load_time` prints the table. PHASES lists
+listener to the UI's progress bar, and `python -m benchmarks.load_time` prints the table. PHASES lists
 them in order, so a phase's index gives the progress fraction.
 """
 

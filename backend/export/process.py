@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import psutil
 
-from backend.bench.monitor import MetricsPoller
 from backend.export.startup import Startup, error_lines
+from backend.monitor.samples import MetricsPoller
 
 LOG_LINES = 2000
 HISTORY_SAMPLES = (
@@ -130,7 +130,7 @@ class ManagedServer:
             time.sleep(1.0)
 
     def samples(self, min_interval_s: float = 0.8) -> list[dict]:
-        """Normalised /metrics samples (backend.bench.monitor) for the live charts, newest last; a new
+        """Normalised /metrics samples (backend.monitor.samples) for the live charts, newest last; a new
         one at most every min_interval_s however many viewers ask."""
         if self._poller is None:
             self._poller = MetricsPoller(self.base_url)

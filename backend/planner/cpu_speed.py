@@ -11,7 +11,7 @@ prefill = (2 x params without lm_head x tokens + attention FLOPs) / (GEMM rate x
           + per chunk: one eager pass's dispatch and host work
 
 Each rate names where it was measured; the README section "How the estimate is computed" lists them and
-the benchmark that checks the whole (`python -m backend.bench.planner_speed`).
+the benchmark that checks the whole (`python -m benchmarks.planner_speed`).
 """
 
 from __future__ import annotations

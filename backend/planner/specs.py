@@ -1,7 +1,7 @@
 """ModelSpec: the shape of a model that memory and speed depend on, read from a config.json dict.
 
 Parameter counts come from the config by formula (validated against published safetensors totals in
-tests/test_planner_specs.py); exact byte figures come from the checkpoint's own tensor tables when we
+tests/planner/test_planner_specs.py); exact byte figures come from the checkpoint's own tensor tables when we
 have them (safetensors headers or a GGUF file).
 """
 

@@ -80,7 +80,8 @@ _V0 = VllmFamily(
     False,
     "vllm/worker/worker.py determine_num_available_blocks; vllm#10511, vllm#13061",
 )
-# The version backend/export/vllm.py writes launch files for (tests/test_planner_vllm.py checks they agree).
+# The version backend/export/vllm.py writes launch files for (tests/planner/test_planner_vllm.py checks
+# they agree).
 VLLM_TARGET_VERSION = "0.33.0"
 
 FAMILIES: tuple[VllmFamily, ...] = (

@@ -149,11 +149,11 @@ class EngineHolder:
         return stats
 
     def samples(self, min_interval_s: float = 0.8) -> list[dict[str, Any]]:
-        """Normalised samples (backend.bench.monitor keys) for the live charts, newest last.
+        """Normalised samples (backend.monitor.samples keys) for the live charts, newest last.
 
         Every viewer calls this about once a second; a new sample is taken at most every min_interval_s,
         so many open tabs do not multiply the work or distort the rates."""
-        from backend.bench.monitor import sample_from_stats
+        from backend.monitor.samples import sample_from_stats
 
         with self._lock:
             engine = self._engine

@@ -8,7 +8,7 @@ stay the checkpoint's tensor and zeros its packed int32 tensor (AWQ's nibbles pu
 through strides (Layout); act-order (desc_act / actorder) g_idx becomes an input permutation that makes
 every group contiguous (perm, in g_idx's place). fp8 e4m3 weights are already rows of bytes: viewed, not
 copied. dequantize_rows is the PyTorch path (CUDA, no compiler) and the reference the kernels are tested
-against; it equals the source format's own dequantize_rows exactly (tests/test_engine_packed_rows.py).
+against; it equals the source format's own dequantize_rows exactly (tests/engine/test_engine_packed_rows.py).
 """
 
 from __future__ import annotations

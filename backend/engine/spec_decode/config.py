@@ -17,7 +17,7 @@ MAX_SPECULATIVE_TOKENS = 16  # like the exporter's limit (export/base.py); more 
 # vLLM's default when neither bound is given (vllm/config/speculative.py: "arbitrarily chosen")
 DEFAULT_PROMPT_LOOKUP = 5
 # Batch size above which no drafts are proposed (vLLM's disable_by_batch_size). Measured with
-# `python -m backend.bench.speculative` (README, "Speculative decoding"): on the 2-core CPU, n-gram
+# `python -m benchmarks.speculative` (README, "Speculative decoding"): on the 2-core CPU, n-gram
 # speculation made the copy workload 2.08x faster at batch 1 but 0.77x at batch 4, because a verification
 # row costs nearly as much as a decode there (the quantized GEMV is compute bound); so only a lone
 # sequence speculates by default. On a GPU, where extra rows are nearly free, raise it.
