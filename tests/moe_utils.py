@@ -142,3 +142,35 @@ def reference_bound(
             rounding[t] += weight * (w2.abs() @ (gate * (up + 1)) + y.abs())
             summation[t] += weight * (w2.abs() @ (gate_abs * (up_abs + 1)) + b2.double().abs())
     return out, rounding, summation
+
+
+def assert_captured_equals_eager(engines: dict[bool, Any], requests: list, max_tokens: tuple[int, ...]):
+    """engines[True] runs the modules (enforce_eager), engines[False] the captured decode step: the same
+    tokens, and every step's logits bit for bit while batches shrink and grow; both left clean."""
+    from backend.engine import SamplingParams
+    from tests.engine_utils import assert_engine_clean
+
+    graph = engines[False].llm_engine.runner.decode_graph
+    logits: dict[bool, list[torch.Tensor]] = {True: [], False: []}
+    for eager, llm in engines.items():
+        execute = llm.llm_engine.runner.execute
+
+        def record(scheduled, execute=execute, eager=eager):
+            sampling, out = execute(scheduled)
+            logits[eager].append(out.clone())
+            return sampling, out
+
+        llm.llm_engine.runner.execute = record
+    captured_steps = []
+    run = graph.run
+    graph.run = lambda step: captured_steps.append(step) or run(step)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+    params = (params * 2)[: len(requests)]
+    tokens = {eager: llm.generate(requests, params) for eager, llm in engines.items()}
+    assert [o.outputs[0].token_ids for o in tokens[False]] == [o.outputs[0].token_ids for o in tokens[True]]
+    assert len(logits[False]) == len(logits[True]) and len(captured_steps) > 20
+    for step, (captured, eager) in enumerate(zip(logits[False], logits[True], strict=True)):
+        assert torch.equal(captured, eager), f"step {step}: logits differ"
+    assert engines[False].stats().expert_tokens_total == engines[True].stats().expert_tokens_total
+    for llm in engines.values():
+        assert_engine_clean(llm)

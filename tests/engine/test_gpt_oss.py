@@ -20,6 +20,7 @@ from backend.engine.models.gpt_oss import GptOssForCausalLM
 from tests.engine_utils import assert_engine_clean, hf_greedy, prompts
 from tests.gguf_utils import convert_hf_to_gguf
 from tests.gpt_oss_utils import SLIDING_WINDOW, tiny_gpt_oss, tiny_gpt_oss_mxfp4
+from tests.moe_utils import assert_captured_equals_eager
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -143,29 +144,7 @@ def test_the_captured_decode_step_covers_sinks_windows_and_mxfp4_experts():
     graph = engines[False].llm_engine.runner.decode_graph
     assert graph is not None
     assert len([op for op in graph.ops if op.signature == Signature.MOE]) == 4
-    logits: dict[bool, list[torch.Tensor]] = {True: [], False: []}
-    for eager, llm in engines.items():
-        execute = llm.llm_engine.runner.execute
-
-        def record(scheduled, execute=execute, eager=eager):
-            sampling, out = execute(scheduled)
-            logits[eager].append(out.clone())
-            return sampling, out
-
-        llm.llm_engine.runner.execute = record
-    captured_steps = []
-    run = graph.run
-    graph.run = lambda step: captured_steps.append(step) or run(step)
-    requests = batch()
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (12, 30, 7, 20, 9)]
-    params = (params * 2)[: len(requests)]
-    tokens = {eager: llm.generate(requests, params) for eager, llm in engines.items()}
-    assert [o.outputs[0].token_ids for o in tokens[False]] == [o.outputs[0].token_ids for o in tokens[True]]
-    assert len(logits[False]) == len(logits[True]) and len(captured_steps) > 20
-    for step, (captured, eager) in enumerate(zip(logits[False], logits[True], strict=True)):
-        assert torch.equal(captured, eager), f"step {step}: logits differ"
-    for llm in engines.values():
-        assert_engine_clean(llm)
+    assert_captured_equals_eager(engines, batch(), (12, 30, 7, 20, 9))
 
 
 @pytest.mark.parametrize("mxfp4", [False, True], ids=["f32", "mxfp4"])

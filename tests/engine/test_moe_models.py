@@ -16,6 +16,7 @@ from backend.engine import LLM, SamplingParams
 from backend.engine.layers.fused_moe import FusedMoE
 from tests.engine_utils import assert_engine_clean, hf_greedy, prompts
 from tests.gguf_family_utils import family_gguf, tiny_family_model
+from tests.moe_utils import assert_captured_equals_eager
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -147,30 +148,7 @@ def test_the_captured_decode_step_covers_the_moe_layers(family, source):
     assert graph is not None
     moe_calls = [op for op in graph.ops if op.signature == Signature.MOE]
     assert len(moe_calls) == hf_model(family).config.num_hidden_layers
-    logits: dict[bool, list[torch.Tensor]] = {True: [], False: []}
-    for eager, llm in engines.items():
-        execute = llm.llm_engine.runner.execute
-
-        def record(scheduled, execute=execute, eager=eager):
-            sampling, out = execute(scheduled)
-            logits[eager].append(out.clone())
-            return sampling, out
-
-        llm.llm_engine.runner.execute = record
-    captured_steps = []
-    run = graph.run
-    graph.run = lambda step: captured_steps.append(step) or run(step)
-    requests = batch(family)
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (12, 30, 7, 20, 9, 25)]
-    params = (params * 2)[: len(requests)]
-    tokens = {eager: llm.generate(requests, params) for eager, llm in engines.items()}
-    assert [o.outputs[0].token_ids for o in tokens[False]] == [o.outputs[0].token_ids for o in tokens[True]]
-    assert len(logits[False]) == len(logits[True]) and len(captured_steps) > 20
-    for step, (captured, eager) in enumerate(zip(logits[False], logits[True], strict=True)):
-        assert torch.equal(captured, eager), f"step {step}: logits differ"
-    assert engines[False].stats().expert_tokens_total == engines[True].stats().expert_tokens_total
-    for llm in engines.values():
-        assert_engine_clean(llm)
+    assert_captured_equals_eager(engines, batch(family), (12, 30, 7, 20, 9, 25))
 
 
 def test_qwen3_moe_dense_layers_by_mlp_only_layers_and_sparse_step(tmp_path):
