@@ -3,8 +3,10 @@
 The output text is read by the request's tool parser (as on /v1/chat/completions): the text before any
 call becomes one ``message`` item (unless it is blank and calls follow), each call a ``function_call``
 item, in that order. A call cut off by max_output_tokens is kept with status "incomplete". A model that
-speaks harmony (gpt-oss) and has no tool parser: the message is its final channel, read from token ids
-(``harmony.py``); its analysis is not sent (no reasoning items yet).
+speaks harmony (gpt-oss), without a tool parser or with vLLM's ``openai`` one, is read from token ids
+(``harmony.py``): its analysis is a ``reasoning`` item (``content: [{type: "reasoning_text", text}]``,
+``summary: []``, as vLLM's harmony path gives it) before the message, the message its final channel, its
+messages to ``functions.NAME`` the ``function_call`` items.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": [part]}
 
 
+def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}]
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
+
+
 def call_item(ids: tuple[str, str], call: ParsedCall, status: str) -> dict[str, Any]:
     item_id, call_id = ids
     return {
@@ -36,7 +43,7 @@ def call_item(ids: tuple[str, str], call: ParsedCall, status: str) -> dict[str, 
 
 
 def shows_message(parsed: ParsedOutput) -> bool:
-    return bool(parsed.content.strip()) or not parsed.calls
+    return bool(parsed.content.strip()) or not (parsed.calls or parsed.reasoning)
 
 
 class ResponsesFormatter(ResponseFormatter):
@@ -54,16 +61,19 @@ class ResponsesFormatter(ResponseFormatter):
         self.id = f"resp_{uuid.uuid4().hex}"  # OpenAI's form; also the engine's request id
         self.request = req
         self.parser = parser
-        # gpt-oss: the message is harmony's final channel (the analysis is not sent; one output, n=1)
-        use_harmony = harmony is not None and parser is None
+        # gpt-oss: harmony's channels, read from token ids (one output, n=1)
+        use_harmony = harmony is not None and (parser is None or parser.reads_harmony)
         self.harmony = HarmonyParser(tokenizer, harmony) if use_harmony and harmony is not None else None
         self.message_id = f"msg_{uuid.uuid4().hex}"
+        self.reasoning_id = f"rs_{uuid.uuid4().hex}"
         self.call_ids: list[tuple[str, str]] = []  # (item id, call_id) of each call, by index
 
     def parse(self, comp, final: bool) -> ParsedOutput:
         """One output's message text and calls (comp: its CompletionOutput so far)."""
         if self.harmony is not None:
-            return ParsedOutput(self.harmony.split(comp.token_ids, final).content or "")
+            split = self.harmony.split(comp.token_ids, final)
+            calls = split.calls if self.parser is not None else []  # tools are read only when asked for
+            return ParsedOutput(split.content or "", calls, split.reasoning or "")
         return self.parser.parse(comp.text, final) if self.parser is not None else ParsedOutput(comp.text)
 
     def ids(self, index: int) -> tuple[str, str]:
@@ -72,8 +82,10 @@ class ResponsesFormatter(ResponseFormatter):
         return self.call_ids[index]
 
     def items(self, parsed: ParsedOutput, status: str) -> list[dict[str, Any]]:
-        """The output items of the finished text: its message (if any), then its calls."""
-        out = [message_item(self.message_id, parsed.content, status)] if shows_message(parsed) else []
+        """The output items of the finished text: its reasoning (if any), its message (if any), its calls."""
+        out = [reasoning_item(self.reasoning_id, parsed.reasoning, status)] if parsed.reasoning else []
+        if shows_message(parsed):
+            out.append(message_item(self.message_id, parsed.content, status))
         for index, call in enumerate(c for c in parsed.calls if c.name is not None):
             out.append(call_item(self.ids(index), call, "completed" if call.is_complete else "incomplete"))
         return out
