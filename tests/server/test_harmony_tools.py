@@ -215,3 +215,32 @@ def test_responses_reasoning_item_first_whole_and_streamed(tokenizer, text):
     added = [e.item.type for e in sent if e.type == "response.output_item.added"]
     assert added == kinds
     assert [e.sequence_number for e in sent] == list(range(len(sent)))
+
+
+def test_several_calls_in_one_turn_each_render_with_their_own_result(tokenizer):
+    """OpenAI's parallel calls (one assistant message, results matched by tool_call_id, here out of order)
+    become call, result, call, result in gpt-oss's template, which renders one call per message."""
+
+    def call(call_id: str, city: str) -> dict:
+        arguments = json.dumps({"city": city})
+        return {
+            "id": call_id,
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": arguments},
+        }
+
+    messages = [
+        {"role": "user", "content": "Weather in Paris and Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [call("a", "Paris"), call("b", "Oslo")]},
+        {"role": "tool", "tool_call_id": "b", "content": "snow"},
+        {"role": "tool", "tool_call_id": "a", "content": "sun"},
+    ]
+    req = ChatCompletionRequest(messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+    prompt = tokenizer.decode(chat_prompt_ids(tokenizer, req, chat_options(req)))
+    head = "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
+    result = "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
+    expected = (
+        f'{head}{{"city": "Paris"}}<|call|>{result}"sun"<|end|>'
+        f'{head}{{"city": "Oslo"}}<|call|>{result}"snow"<|end|><|start|>assistant'
+    )
+    assert prompt.endswith(expected)
