@@ -69,6 +69,7 @@ class HarmonyMessage:
     recipient: str | None  # "functions.get_weather" for a tool call
     text: str
     is_complete: bool
+    num_tokens: int = 0  # the text's token ids
 
 
 @dataclass(slots=True)
@@ -78,6 +79,7 @@ class ReasoningSplit:
     reasoning: str | None
     content: str | None
     calls: list[ParsedCall] = field(default_factory=list)  # messages to functions.NAME, in order
+    reasoning_tokens: int = 0  # the analysis messages' text tokens (the Responses API's usage)
 
 
 @dataclass(slots=True)
@@ -121,7 +123,7 @@ class HarmonyParser:
         text = self.tokenizer.decode(self.body or [], skip_special_tokens=True)
         if not is_complete:
             text = text.rstrip("\ufffd")  # a character whose bytes have not all come yet
-        return HarmonyMessage(channel, recipient, text, is_complete)
+        return HarmonyMessage(channel, recipient, text, is_complete, len(self.body or []))
 
     def read_header(self) -> tuple[str | None, str | None]:
         """(channel, recipient) of the open header: `assistant to=x<|channel|>commentary json` and
@@ -152,7 +154,8 @@ class HarmonyParser:
             for m in messages
             if (m.recipient or "").startswith(FUNCTIONS) and len(m.recipient or "") > len(FUNCTIONS)
         ]
-        return ReasoningSplit("\n".join(reasoning) or None, "\n".join(content) or None, calls)
+        thought = sum(m.num_tokens for m in messages if m.channel in REASONING_CHANNELS)
+        return ReasoningSplit("\n".join(reasoning) or None, "\n".join(content) or None, calls, thought)
 
 
 @dataclass(slots=True)

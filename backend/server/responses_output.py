@@ -73,7 +73,7 @@ class ResponsesFormatter(ResponseFormatter):
         if self.harmony is not None:
             split = self.harmony.split(comp.token_ids, final)
             calls = split.calls if self.parser is not None else []  # tools are read only when asked for
-            return ParsedOutput(split.content or "", calls, split.reasoning or "")
+            return ParsedOutput(split.content or "", calls, split.reasoning or "", split.reasoning_tokens)
         return self.parser.parse(comp.text, final) if self.parser is not None else ParsedOutput(comp.text)
 
     def ids(self, index: int) -> tuple[str, str]:
@@ -123,13 +123,13 @@ class ResponsesFormatter(ResponseFormatter):
         }
 
     @staticmethod
-    def response_usage(output) -> dict:
+    def response_usage(output, reasoning_tokens: int = 0) -> dict:
         prompt, completion = len(output.prompt_token_ids), len(output.outputs[0].token_ids)
         return {
             "input_tokens": prompt,
             "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": completion,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": prompt + completion,
         }
 
@@ -138,9 +138,10 @@ class ResponsesFormatter(ResponseFormatter):
         comp = output.outputs[0]
         incomplete = comp.finish_reason == "length"
         status = "incomplete" if incomplete else "completed"
-        items = self.items(self.parse(comp, final=True), status)
+        parsed = self.parse(comp, final=True)
+        items = self.items(parsed, status)
         reason = "max_output_tokens" if incomplete else None
-        return self.body(status, items, self.response_usage(output), reason)
+        return self.body(status, items, self.response_usage(output, parsed.reasoning_tokens), reason)
 
     def response(self, outputs: list) -> dict:  # the non-streamed body (Job.collect): one prompt, n=1
         return self.final(outputs[0])

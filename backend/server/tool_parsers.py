@@ -33,6 +33,7 @@ class ParsedOutput:
     content: str
     calls: list[ParsedCall] = field(default_factory=list)
     reasoning: str = ""  # harmony's analysis channel (gpt-oss); empty for other models
+    reasoning_tokens: int = 0  # its token count
 
 
 def value_end(text: str, start: int) -> int | None:

@@ -37,7 +37,8 @@ def split(tokenizer, text: str, is_finished: bool = True) -> ReasoningSplit:
 
 
 def test_analysis_is_the_reasoning_and_final_the_content(tokenizer):
-    expected = ReasoningSplit("The user greets. Reply briefly.", "Hello! How can I help?")
+    thought = "The user greets. Reply briefly."
+    expected = ReasoningSplit(thought, "Hello! How can I help?", [], len(ids_of(tokenizer, thought)))
     assert split(tokenizer, ANSWER) == expected
 
 

@@ -186,6 +186,8 @@ def test_responses_reasoning_item_first_whole_and_streamed(tokenizer, text):
     )
     kinds = [item.type for item in whole.output]
     reasoning = whole.output[0]
+    thought_ids = ids_of(tokenizer, text.split("<|message|>")[1].split("<|end|>")[0])
+    assert whole.usage is not None and whole.usage.output_tokens_details.reasoning_tokens == len(thought_ids)
     assert reasoning.type == "reasoning" and reasoning.summary == [] and reasoning.content is not None
     assert [(c.type, c.text) for c in reasoning.content] == [
         ("reasoning_text", text.split("<|message|>")[1].split("<|end|>")[0])

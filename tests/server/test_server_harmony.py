@@ -284,6 +284,10 @@ def test_responses_carry_the_analysis_as_a_reasoning_item_whole_and_streamed(cli
     assert reasoning.type == "reasoning" and reasoning.summary == []
     assert [(c.type, c.text) for c in reasoning.content or []] == [("reasoning_text", expected["reasoning"])]
     assert message.type == "message" and response.output_text == expected["content"]
+    assert (
+        response.usage is not None
+    )  # the exact count: test_harmony_tools (here each token is 1+ characters)
+    assert 0 < response.usage.output_tokens_details.reasoning_tokens <= len(expected["reasoning"])
 
     thought, text, kinds = "", "", []
     for event in client.responses.create(**request, stream=True):
