@@ -1,7 +1,8 @@
 """Tool-calling and structured-output flags for each engine, chosen from the model's family.
 
 The tool-call format is a fact of the model family (Qwen2.5/3, QwQ and Hermes emit Hermes-style
-``<tool_call>`` JSON; Llama 3.1-3.3 emit ``{"name", "parameters"}`` JSON), and each engine names its
+``<tool_call>`` JSON; Llama 3.1-3.3 emit ``{"name", "parameters"}`` JSON; gpt-oss writes harmony messages
+to ``functions.NAME``, vLLM's ``openai`` parser), and each engine names its
 parser for that format differently. The grammar backend is llguidance everywhere it can be chosen, the
 one the playground's own engine uses, so constrained output behaves the same after export.
 """
@@ -13,12 +14,14 @@ import re
 FAMILIES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"qwen2\.5|qwen3|qwq|hermes", re.IGNORECASE), "hermes"),
     (re.compile(r"llama-?3\.[123]", re.IGNORECASE), "llama3_json"),
+    (re.compile(r"gpt-oss", re.IGNORECASE), "openai"),
 )
-# vLLM parser name -> the engine's name for the same format. SGLang: docs "Tool Parser" (qwen25, llama3).
+# vLLM parser name -> the engine's name for the same format. SGLang: docs "Tool Parser" (qwen25, llama3),
+# function_call_parser.py's ToolCallParserEnum (gpt-oss).
 PARSER_NAMES: dict[str, dict[str, str]] = {
-    "vllm": {"hermes": "hermes", "llama3_json": "llama3_json"},
-    "sglang": {"hermes": "qwen25", "llama3_json": "llama3"},
-    "embedded": {"hermes": "hermes", "llama3_json": "llama3_json"},
+    "vllm": {"hermes": "hermes", "llama3_json": "llama3_json", "openai": "openai"},
+    "sglang": {"hermes": "qwen25", "llama3_json": "llama3", "openai": "gpt-oss"},
+    "embedded": {"hermes": "hermes", "llama3_json": "llama3_json", "openai": "openai"},
 }
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from backend.server.errors import OpenAIError
+from backend.server.harmony import HarmonyTokens
+from backend.server.harmony_chat import one_call_per_turn
 from backend.server.protocol import ChatCompletionRequest, ChatMessage, message_dicts
 from backend.server.tools import Tool, render_messages, template_renders_tools
 
@@ -71,6 +73,8 @@ def render_chat(tokenizer, req: ChatInput, options: ChatTemplateOptions) -> str:
     tools = [t.model_dump() for t in req.tools] if req.tools else None
     native = template_renders_tools(tokenizer)
     messages = render_messages(message_dicts(req.messages), req.tools, native)
+    if HarmonyTokens.of(tokenizer) is not None:  # gpt-oss's template renders one call per turn
+        messages = one_call_per_turn(messages)
     try:
         return tokenizer.apply_chat_template(
             messages,

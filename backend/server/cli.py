@@ -76,7 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tool-call-parser",
         default=None,
         choices=sorted(TOOL_PARSERS),
-        help="how tool calls are read from the output: hermes (Qwen2.5/3) or llama3_json (Llama 3.1+)",
+        help="how tool calls are read from the output: hermes (Qwen2.5/3), llama3_json (Llama 3.1+) or "
+        "openai (gpt-oss's harmony)",
     )
     engine = parser.add_argument_group("engine options (vLLM's names; --model defaults to SmolLM2-135M)")
     EngineConfig.add_cli_args(engine)
@@ -105,7 +106,8 @@ def main(args: argparse.Namespace) -> int:
 
     api_key = api_key_from_env(args.api_key_env)
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
-        raise SystemExit("error: --enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json)")
+        parsers = "hermes, llama3_json or openai"
+        raise SystemExit(f"error: --enable-auto-tool-choice needs --tool-call-parser ({parsers})")
     args.model = args.model or default_model()
     try:
         config = EngineConfig.from_cli_args(args)

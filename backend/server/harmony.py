@@ -6,9 +6,10 @@ tool call); the prompt already ends with ``<|start|>assistant``. The control tok
 the engine's text (special tokens skipped) cannot show where a message begins: the parser reads token ids.
 As vLLM's parse_chat_output (vllm/entrypoints/harmony_utils.py) does: ``analysis`` messages are the
 reasoning, ``final`` ones and ``commentary`` without a recipient (preambles) the content, several joined by
-newlines, a message still open counted as far as it goes; a message to a recipient (a tool call) is
-neither. Beyond vLLM: a message without a channel is content, and an output holding no control token at
-all (a model that does not speak harmony) is content once it ends, so nothing is lost.
+newlines, a message still open counted as far as it goes; a message to a recipient is neither. A message
+to ``functions.NAME`` is a tool call (vLLM's ``openai`` tool parser): its text is the call's arguments.
+Beyond vLLM: a message without a channel is content, and an output holding no control token at all (a
+model that does not speak harmony) is content once it ends, so nothing is lost.
 
 openai-harmony (the reference parser) loads its o200k vocabulary from the network at first use and knows
 only that vocabulary's ids; this parser works offline for any tokenizer that has the control tokens.
@@ -22,10 +23,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from backend.server.tool_parsers import ParsedCall
+
 CONTROL_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>")
 CONSTRAIN_TOKEN = "<|constrain|>"  # optional: a tool call's argument type (`<|constrain|>json`)
 REASONING_CHANNELS = ("analysis",)
 _RECIPIENT = re.compile(r"to=(\S+)")
+FUNCTIONS = "functions."  # the namespace of the request's tools (gpt-oss's template: `namespace functions`)
 
 
 def token_id(tokenizer: Any, token: str) -> int | None:
@@ -43,6 +47,7 @@ class HarmonyTokens:
     message: int
     ends: frozenset[int]  # <|end|>, <|return|>, <|call|>: a message is complete
     constrain: int | None
+    call: int  # <|call|>: a tool call is complete, the model waits for its result
 
     @classmethod
     def of(cls, tokenizer: Any) -> HarmonyTokens | None:
@@ -52,7 +57,7 @@ class HarmonyTokens:
             return None
         start, channel, message, end, returned, call = found
         ends = frozenset((end, returned, call))
-        return cls(start, channel, message, ends, token_id(tokenizer, CONSTRAIN_TOKEN))
+        return cls(start, channel, message, ends, token_id(tokenizer, CONSTRAIN_TOKEN), call)
 
     def is_control(self, token_id: int) -> bool:
         return token_id in (self.start, self.channel, self.message, self.constrain) or token_id in self.ends
@@ -64,6 +69,7 @@ class HarmonyMessage:
     recipient: str | None  # "functions.get_weather" for a tool call
     text: str
     is_complete: bool
+    num_tokens: int = 0  # the text's token ids
 
 
 @dataclass(slots=True)
@@ -72,6 +78,8 @@ class ReasoningSplit:
 
     reasoning: str | None
     content: str | None
+    calls: list[ParsedCall] = field(default_factory=list)  # messages to functions.NAME, in order
+    reasoning_tokens: int = 0  # the analysis messages' text tokens (the Responses API's usage)
 
 
 @dataclass(slots=True)
@@ -115,7 +123,7 @@ class HarmonyParser:
         text = self.tokenizer.decode(self.body or [], skip_special_tokens=True)
         if not is_complete:
             text = text.rstrip("\ufffd")  # a character whose bytes have not all come yet
-        return HarmonyMessage(channel, recipient, text, is_complete)
+        return HarmonyMessage(channel, recipient, text, is_complete, len(self.body or []))
 
     def read_header(self) -> tuple[str | None, str | None]:
         """(channel, recipient) of the open header: `assistant to=x<|channel|>commentary json` and
@@ -141,7 +149,13 @@ class HarmonyParser:
         content = [m.text for m in shown if m.channel not in REASONING_CHANNELS]
         if is_finished and not self.saw_control:  # not harmony at all: the text is the answer
             content = [self.tokenizer.decode(token_ids, skip_special_tokens=True)]
-        return ReasoningSplit("\n".join(reasoning) or None, "\n".join(content) or None)
+        calls = [
+            ParsedCall((m.recipient or "")[len(FUNCTIONS) :], m.text, m.is_complete)
+            for m in messages
+            if (m.recipient or "").startswith(FUNCTIONS) and len(m.recipient or "") > len(FUNCTIONS)
+        ]
+        thought = sum(m.num_tokens for m in messages if m.channel in REASONING_CHANNELS)
+        return ReasoningSplit("\n".join(reasoning) or None, "\n".join(content) or None, calls, thought)
 
 
 @dataclass(slots=True)
@@ -152,10 +166,12 @@ class ReasoningStream:
     parser: HarmonyParser
     sent_reasoning: str = ""
     sent_content: str = ""
+    calls: list[ParsedCall] = field(default_factory=list)  # the tool calls as of the last delta
 
-    def delta(self, token_ids: list[int], is_finished: bool) -> dict[str, str]:
+    def delta(self, token_ids: list[int], is_finished: bool) -> dict[str, Any]:
         split = self.parser.split(token_ids, is_finished)
-        delta = {}
+        self.calls = split.calls
+        delta: dict[str, Any] = {}
         for key, now, sent in (
             ("reasoning_content", split.reasoning or "", self.sent_reasoning),
             ("content", split.content or "", self.sent_content),

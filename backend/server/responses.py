@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from backend.engine.outputs import Logprob
 from backend.server.harmony import HarmonyParser, HarmonyTokens, ReasoningStream
@@ -142,8 +143,10 @@ class ChatFormatter(ResponseFormatter):
         self.tool_parser = tool_parser
         self.tools: dict[int, ToolCallFormatter] = {}  # per choice
         # gpt-oss's harmony channels -> reasoning_content and content (harmony.py), read from token ids;
-        # the parser keeps state per output, so each choice has its own
-        self.harmony = harmony if tool_parser is None else None
+        # the parser keeps state per output, so each choice has its own; with the `openai` tool parser its
+        # messages to functions.NAME are the tool calls
+        use_harmony = tool_parser is None or tool_parser.reads_harmony
+        self.harmony = harmony if use_harmony else None
         self.reasonings: dict[int, ReasoningStream] = {}  # per choice
 
     def tool_formatter(self, index: int) -> ToolCallFormatter | None:
@@ -202,16 +205,18 @@ class ChatFormatter(ResponseFormatter):
 
     def choice_chunk(self, comp) -> dict | None:
         text, ids, logprobs = self.take_delta(self.stream(comp.index), comp)
-        finish_reason = comp.finish_reason
-        delta = {"content": text} if text else {}
+        finish_reason, called = comp.finish_reason, False
+        delta: dict[str, Any] = {"content": text} if text else {}
         tools = self.tool_formatter(comp.index)
-        if tools is not None:
+        reasoning = self.reasoning_stream(comp.index)
+        if reasoning is not None:
+            delta = reasoning.delta(comp.token_ids, finish_reason is not None)
+            if tools is not None and (updates := tools.call_updates(reasoning.calls)):
+                delta["tool_calls"] = updates  # harmony's calls (the openai parser)
+            called = tools is not None and bool(tools.sent_arguments)
+        elif tools is not None:
             delta, called = tools.delta(comp.text, finish_reason is not None)
-            finish_reason = "tool_calls" if called and finish_reason == "stop" else finish_reason
-        else:
-            reasoning = self.reasoning_stream(comp.index)
-            if reasoning is not None:
-                delta = reasoning.delta(comp.token_ids, finish_reason is not None)
+        finish_reason = "tool_calls" if called and finish_reason == "stop" else finish_reason
         parsed = tools is not None or self.harmony is not None
         quiet = not ids or (parsed and self.top_logprobs is None)  # no empty deltas for a header's tokens
         if not delta and finish_reason is None and quiet:
@@ -226,15 +231,20 @@ class ChatFormatter(ResponseFormatter):
     def message(self, comp) -> tuple[dict, str | None]:
         """The whole message of one choice and its finish reason: tool calls read by the tool parser, or
         harmony's channels as reasoning_content and content, else the text."""
-        message, finish_reason = {"role": "assistant", "content": comp.text}, comp.finish_reason
+        message: dict[str, Any] = {"role": "assistant", "content": comp.text}
+        finish_reason = comp.finish_reason
         tools = self.tool_formatter(comp.index)
         reasoning = self.reasoning_stream(comp.index)
-        if tools is not None:
-            message, called = tools.message(comp.text)
-            finish_reason = "tool_calls" if called and finish_reason == "stop" else finish_reason
-        elif reasoning is not None:
+        called = False
+        if reasoning is not None:
             split = reasoning.parser.split(comp.token_ids, is_finished=True)
             message |= {"content": split.content, "reasoning_content": split.reasoning}
+            if tools is not None:  # harmony's calls (the openai parser), as vLLM's harmony path returns them
+                message["tool_calls"] = tools.tool_calls(split.calls)
+                called = bool(message["tool_calls"])
+        elif tools is not None:
+            message, called = tools.message(comp.text)
+        finish_reason = "tool_calls" if called and finish_reason == "stop" else finish_reason
         return message, finish_reason
 
     def response(self, outputs: list) -> dict:

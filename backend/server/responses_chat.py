@@ -93,6 +93,7 @@ def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         "top_p": req.top_p,
         "response_format": _response_format(req.text),
         "reasoning_effort": effort if effort in REASONING_EFFORTS else None,  # gpt-oss's template writes it
+        "structured_outputs": req.structured_outputs,
     }
     try:
         return ChatCompletionRequest.model_validate(body)

@@ -3,8 +3,10 @@
 The output text is read by the request's tool parser (as on /v1/chat/completions): the text before any
 call becomes one ``message`` item (unless it is blank and calls follow), each call a ``function_call``
 item, in that order. A call cut off by max_output_tokens is kept with status "incomplete". A model that
-speaks harmony (gpt-oss) and has no tool parser: the message is its final channel, read from token ids
-(``harmony.py``); its analysis is not sent (no reasoning items yet).
+speaks harmony (gpt-oss), without a tool parser or with vLLM's ``openai`` one, is read from token ids
+(``harmony.py``): its analysis is a ``reasoning`` item (``content: [{type: "reasoning_text", text}]``,
+``summary: []``, as vLLM's harmony path gives it) before the message, the message its final channel, its
+messages to ``functions.NAME`` the ``function_call`` items.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": [part]}
 
 
+def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}]
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
+
+
 def call_item(ids: tuple[str, str], call: ParsedCall, status: str) -> dict[str, Any]:
     item_id, call_id = ids
     return {
@@ -36,7 +43,7 @@ def call_item(ids: tuple[str, str], call: ParsedCall, status: str) -> dict[str, 
 
 
 def shows_message(parsed: ParsedOutput) -> bool:
-    return bool(parsed.content.strip()) or not parsed.calls
+    return bool(parsed.content.strip()) or not (parsed.calls or parsed.reasoning)
 
 
 class ResponsesFormatter(ResponseFormatter):
@@ -54,16 +61,19 @@ class ResponsesFormatter(ResponseFormatter):
         self.id = f"resp_{uuid.uuid4().hex}"  # OpenAI's form; also the engine's request id
         self.request = req
         self.parser = parser
-        # gpt-oss: the message is harmony's final channel (the analysis is not sent; one output, n=1)
-        use_harmony = harmony is not None and parser is None
+        # gpt-oss: harmony's channels, read from token ids (one output, n=1)
+        use_harmony = harmony is not None and (parser is None or parser.reads_harmony)
         self.harmony = HarmonyParser(tokenizer, harmony) if use_harmony and harmony is not None else None
         self.message_id = f"msg_{uuid.uuid4().hex}"
+        self.reasoning_id = f"rs_{uuid.uuid4().hex}"
         self.call_ids: list[tuple[str, str]] = []  # (item id, call_id) of each call, by index
 
     def parse(self, comp, final: bool) -> ParsedOutput:
         """One output's message text and calls (comp: its CompletionOutput so far)."""
         if self.harmony is not None:
-            return ParsedOutput(self.harmony.split(comp.token_ids, final).content or "")
+            split = self.harmony.split(comp.token_ids, final)
+            calls = split.calls if self.parser is not None else []  # tools are read only when asked for
+            return ParsedOutput(split.content or "", calls, split.reasoning or "", split.reasoning_tokens)
         return self.parser.parse(comp.text, final) if self.parser is not None else ParsedOutput(comp.text)
 
     def ids(self, index: int) -> tuple[str, str]:
@@ -72,8 +82,10 @@ class ResponsesFormatter(ResponseFormatter):
         return self.call_ids[index]
 
     def items(self, parsed: ParsedOutput, status: str) -> list[dict[str, Any]]:
-        """The output items of the finished text: its message (if any), then its calls."""
-        out = [message_item(self.message_id, parsed.content, status)] if shows_message(parsed) else []
+        """The output items of the finished text: its reasoning (if any), its message (if any), its calls."""
+        out = [reasoning_item(self.reasoning_id, parsed.reasoning, status)] if parsed.reasoning else []
+        if shows_message(parsed):
+            out.append(message_item(self.message_id, parsed.content, status))
         for index, call in enumerate(c for c in parsed.calls if c.name is not None):
             out.append(call_item(self.ids(index), call, "completed" if call.is_complete else "incomplete"))
         return out
@@ -111,13 +123,13 @@ class ResponsesFormatter(ResponseFormatter):
         }
 
     @staticmethod
-    def response_usage(output) -> dict:
+    def response_usage(output, reasoning_tokens: int = 0) -> dict:
         prompt, completion = len(output.prompt_token_ids), len(output.outputs[0].token_ids)
         return {
             "input_tokens": prompt,
             "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": completion,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": prompt + completion,
         }
 
@@ -126,9 +138,10 @@ class ResponsesFormatter(ResponseFormatter):
         comp = output.outputs[0]
         incomplete = comp.finish_reason == "length"
         status = "incomplete" if incomplete else "completed"
-        items = self.items(self.parse(comp, final=True), status)
+        parsed = self.parse(comp, final=True)
+        items = self.items(parsed, status)
         reason = "max_output_tokens" if incomplete else None
-        return self.body(status, items, self.response_usage(output), reason)
+        return self.body(status, items, self.response_usage(output, parsed.reasoning_tokens), reason)
 
     def response(self, outputs: list) -> dict:  # the non-streamed body (Job.collect): one prompt, n=1
         return self.final(outputs[0])

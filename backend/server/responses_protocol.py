@@ -165,7 +165,8 @@ class ResponsesRequest(StrictJSON):
     store: bool = True
     metadata: dict[str, str] | None = None
     user: str | None = None
-    reasoning: dict[str, Any] | None = None  # accepted; no reasoning items are produced
+    reasoning: dict[str, Any] | None = None  # effort: to gpt-oss's template
+    structured_outputs: dict[str, Any] | None = None  # vLLM's extra: a grammar, regex, json or choice
     include: FailFastList[str] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)

@@ -193,8 +193,25 @@ async def prepare_chat(
     limits.check_tokens(len(ids), "messages")
     params = sampling_params(req, len(ids), engine.max_model_len, top_logprobs, structured)
     params = ctx.limit_max_tokens(req.max_completion_tokens or req.max_tokens, params, req.n)
+    harmony_stop(engine.tokenizer, parser, params)
     await compile_grammar(engine, params, param)
     return ids, params, parser
+
+
+def harmony_stop(tokenizer, parser: ToolParser | None, params) -> None:
+    """A harmony model (gpt-oss) stops at <|call|>, where it waits for a tool's result (vLLM's harmony stop
+    tokens); the openai tool parser needs a tokenizer that speaks harmony."""
+    harmony = HarmonyTokens.of(tokenizer)
+    if harmony is None and parser is not None and parser.reads_harmony:
+        raise OpenAIError(
+            400,
+            "--tool-call-parser openai reads gpt-oss's harmony format, and this model's tokenizer has no "
+            "harmony control tokens (<|start|>, <|channel|>, <|message|>, <|call|>): serve it with hermes or "
+            'llama3_json, or send tool_choice="required" or a named function',
+            param="tool_choice",
+        )
+    if harmony is not None and harmony.call not in params.stop_token_ids:
+        params.stop_token_ids.append(harmony.call)
 
 
 def openai_router(ctx: ServingContext) -> APIRouter:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 
-from backend.server.tool_parsers import ParsedOutput, ToolParser
+from backend.server.tool_parsers import ParsedCall, ParsedOutput, ToolParser
 
 
 def tool_call_id() -> str:
@@ -30,17 +30,18 @@ class ToolCallFormatter:
     def message(self, text: str) -> tuple[dict, bool]:
         """The assistant message for the whole output, and whether it calls tools."""
         parsed = self.parser.parse(text, final=True)
-        calls = [
-            {
-                "id": self._id(i),
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments},
-            }
-            for i, call in enumerate(parsed.calls)
-            if call.is_complete  # a call cut off by max_tokens would not parse
-        ]
+        calls = self.tool_calls(parsed.calls)
         content = parsed.content if parsed.content.strip() or not calls else None
         return {"role": "assistant", "content": content, "tool_calls": calls}, bool(calls)
+
+    def tool_calls(self, calls: list[ParsedCall]) -> list[dict]:
+        """The message's ``tool_calls``: the complete calls (one cut off by max_tokens would not parse)."""
+        out = []
+        for i, call in enumerate(calls):
+            if call.is_complete:
+                function = {"name": call.name, "arguments": call.arguments}
+                out.append({"id": self._id(i), "type": "function", "function": function})
+        return out
 
     def delta(self, text: str, final: bool) -> tuple[dict, bool]:
         """The new part of the message since the last call, and whether any tool was called so far."""
@@ -49,8 +50,15 @@ class ToolCallFormatter:
         if len(parsed.content) > self.sent_content:
             delta["content"] = parsed.content[self.sent_content :]
             self.sent_content = len(parsed.content)
+        updates = self.call_updates(parsed.calls)
+        if updates:
+            delta["tool_calls"] = updates
+        return delta, bool(self.sent_arguments)
+
+    def call_updates(self, calls: list[ParsedCall]) -> list[dict]:
+        """The streamed ``tool_calls`` entries for what the calls gained since the last update."""
         updates = []
-        for index, call in enumerate(parsed.calls):
+        for index, call in enumerate(calls):
             if call.name is None:
                 break
             if index == len(self.sent_arguments):  # a new call: its header, with what arguments exist
@@ -62,6 +70,4 @@ class ToolCallFormatter:
                 new = call.arguments[self.sent_arguments[index] :]
                 updates.append({"index": index, "function": {"arguments": new}})
                 self.sent_arguments[index] = len(call.arguments)
-        if updates:
-            delta["tool_calls"] = updates
-        return delta, bool(self.sent_arguments)
+        return updates

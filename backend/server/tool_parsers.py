@@ -7,7 +7,8 @@ non-streamed response: both agree by construction.
 
 Formats: ``hermes`` (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, as Qwen2.5/3 and
 Hermes emit), ``llama3_json`` (``{"name": ..., "parameters": {...}}``, ``;``-separated, as Llama 3.1/3.2
-emit), and two internal ones for constrained output: ``required`` (vLLM's JSON array of
+emit), ``openai`` (gpt-oss's harmony messages to ``functions.NAME``, read from token ids by
+``harmony.py``), and two internal ones for constrained output: ``required`` (vLLM's JSON array of
 ``{"name", "parameters"}``) and ``named`` (the arguments object of one known function).
 """
 
@@ -31,6 +32,8 @@ class ParsedCall:
 class ParsedOutput:
     content: str
     calls: list[ParsedCall] = field(default_factory=list)
+    reasoning: str = ""  # harmony's analysis channel (gpt-oss); empty for other models
+    reasoning_tokens: int = 0  # its token count
 
 
 def value_end(text: str, start: int) -> int | None:
@@ -107,6 +110,8 @@ def _partial_suffix(text: str, tag: str) -> int:
 class ToolParser:
     """Parse the text generated so far; ``final`` once generation has ended."""
 
+    reads_harmony = False  # True: the calls are harmony messages, read from token ids (harmony.py)
+
     def parse(self, text: str, final: bool) -> ParsedOutput:
         raise NotImplementedError
 
@@ -175,7 +180,19 @@ class NamedToolParser(ToolParser):
         return ParsedOutput("", [ParsedCall(self.name, arguments, end is not None)])
 
 
+class OpenAIToolParser(ToolParser):
+    """vLLM's ``openai`` parser (gpt-oss): a call is a harmony message to ``functions.NAME`` whose text is
+    its arguments. Harmony's control tokens are special tokens, absent from the text, so the calls are read
+    from token ids (``harmony.HarmonyParser.split``); this class only names the choice."""
+
+    reads_harmony = True
+
+    def parse(self, text: str, final: bool) -> ParsedOutput:
+        raise TypeError("the openai tool parser reads harmony token ids (harmony.HarmonyParser), not text")
+
+
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesToolParser,
     "llama3_json": Llama3JsonToolParser,
+    "openai": OpenAIToolParser,
 }

@@ -151,10 +151,30 @@ def template_renders_tools(tokenizer: Any) -> bool:
     return "tools" in (getattr(tokenizer, "chat_template", None) or "")
 
 
+def native_calls(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message's calls with their arguments as objects, as templates expect them (gpt-oss's
+    writes ``arguments|tojson``) and as vLLM hands them over (chat_utils' ``_postprocess_messages``)."""
+    calls = []
+    for call in message["tool_calls"]:
+        arguments = call["function"].get("arguments") or "{}"
+        try:
+            decoded = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except ValueError:
+            raise OpenAIError(
+                400,
+                f"tool call {call['function']['name']!r} has arguments that are not JSON: {arguments[:80]!r}",
+                param="messages",
+            ) from None
+        calls.append(call | {"function": call["function"] | {"arguments": decoded}})
+    return message | {"tool_calls": calls}
+
+
 def render_messages(messages: list[dict[str, Any]], tools: list[Tool] | None, native: bool) -> list[dict]:
     """Messages for a template; when it cannot render tools (``native`` False), tools and calls become
     Hermes-style text, so any chat model sees them."""
-    if native or (not tools and not any(m.get("tool_calls") or m["role"] == "tool" for m in messages)):
+    if native:
+        return [native_calls(m) if m.get("tool_calls") else m for m in messages]
+    if not tools and not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
         return messages
     out = []
     for m in messages:

@@ -19,6 +19,7 @@ CASES = [
     ("Qwen/Qwen2.5-7B-Instruct", "hermes", "qwen25"),
     ("Qwen/Qwen3-8B", "hermes", "qwen25"),
     ("meta-llama/Llama-3.1-8B-Instruct", "llama3_json", "llama3"),
+    ("openai/gpt-oss-20b", "openai", "gpt-oss"),
     ("mistralai/Mistral-7B-Instruct-v0.3", None, None),
 ]
 

@@ -37,7 +37,8 @@ def split(tokenizer, text: str, is_finished: bool = True) -> ReasoningSplit:
 
 
 def test_analysis_is_the_reasoning_and_final_the_content(tokenizer):
-    expected = ReasoningSplit("The user greets. Reply briefly.", "Hello! How can I help?")
+    thought = "The user greets. Reply briefly."
+    expected = ReasoningSplit(thought, "Hello! How can I help?", [], len(ids_of(tokenizer, thought)))
     assert split(tokenizer, ANSWER) == expected
 
 
@@ -79,7 +80,8 @@ def test_analysis_is_the_reasoning_and_final_the_content(tokenizer):
     ],
 )
 def test_channels_recipients_and_cut_outputs(tokenizer, text, reasoning, content):
-    assert split(tokenizer, text) == ReasoningSplit(reasoning, content)
+    got = split(tokenizer, text)  # a call's arguments are test_harmony_tools'
+    assert (got.reasoning, got.content) == (reasoning, content)
 
 
 def test_an_output_without_harmony_is_content_once_it_ends(tokenizer):
@@ -138,8 +140,8 @@ def test_reasoning_effort_reaches_gpt_oss_system_message(tokenizer, effort):
 
 
 def test_a_responses_message_is_the_final_channel_whole_and_streamed(tokenizer):
-    """/v1/responses (n=1): the output message holds harmony's final channel, not the analysis; the
-    streamed text deltas add up to it."""
+    """/v1/responses (n=1): the output message holds harmony's final channel, not the analysis (a reasoning
+    item before it); the streamed text deltas add up to it."""
     ids = ids_of(tokenizer, ANSWER)
     req = ResponsesRequest(model="m", input="Hi")
 
@@ -149,7 +151,8 @@ def test_a_responses_message_is_the_final_channel_whole_and_streamed(tokenizer):
         return RequestOutput("r", None, [1, 2], [comp], finished=finish_reason is not None)
 
     whole = ResponsesFormatter("m", tokenizer, None, req, HarmonyTokens.of(tokenizer))
-    (item,) = whole.response([output(len(ids), "stop")])["output"]
+    reasoning, item = whole.response([output(len(ids), "stop")])["output"]
+    assert reasoning["type"] == "reasoning"  # the analysis: test_harmony_tools
     assert item["type"] == "message" and item["content"][0]["text"] == "Hello! How can I help?"
     events = ResponsesEvents(ResponsesFormatter("m", tokenizer, None, req, HarmonyTokens.of(tokenizer)))
     sent = [

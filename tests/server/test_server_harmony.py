@@ -3,10 +3,13 @@ chat template on the default tokenizer), driven by the real openai client: chat 
 reasoning_content beside content, whole and streamed (n=2: each choice its own). A grammar over harmony's
 special tokens (llguidance) makes the random model answer in harmony's shape; the same request on
 /v1/completions with special tokens kept gives the raw text, which says independently what each field must
-hold."""
+hold. With `--tool-call-parser openai` a grammar in harmony's tool-call shape makes the model call a tool:
+the server returns it as tool_calls, and the call and its result go back through gpt-oss's template. The
+Responses API carries the analysis as a reasoning item, parsed by the openai client's own types."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -27,7 +30,8 @@ RAW = re.compile(
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("harmony") / "serve.log"
     args = ("--model", tiny_gpt_oss(), "--num-kv-blocks", "128", "--max-model-len", "512")
-    proc = ServeProcess(log, *args, "--served-model-name", "tiny-harmony")
+    tools = ("--enable-auto-tool-choice", "--tool-call-parser", "openai")
+    proc = ServeProcess(log, *args, *tools, "--served-model-name", "tiny-harmony")
     yield proc
     proc.stop()
 
@@ -132,3 +136,168 @@ def test_parallel_samples_each_split_their_own_channels(client):
             streamed[choice.index][0] += getattr(choice.delta, "reasoning_content", None) or ""
             streamed[choice.index][1] += choice.delta.content or ""
     assert [tuple(streamed[0]), tuple(streamed[1])] == expected
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+# harmony's tool-call shape as gpt-oss writes it (openai's harmony docs): the analysis, then a commentary
+# message to functions.get_weather, JSON-constrained, closed by <|call|>
+TOOL_GRAMMAR = r"""
+start: analysis call
+analysis: <|channel|> "analysis" <|message|> THINK <|end|>
+call: head <|message|> ARGS <|call|>
+head: <|start|> "assistant" <|channel|> "commentary to=functions.get_weather " <|constrain|> "json"
+THINK: /[a-z ]{1,40}/
+ARGS: /\{"city": "[a-z]{1,12}"\}/
+"""
+RAW_CALL = re.compile(
+    r"<\|channel\|>analysis<\|message\|>(?P<reasoning>[a-z ]+)<\|end\|><\|start\|>assistant<\|channel\|>"
+    r"commentary to=functions\.get_weather <\|constrain\|>json<\|message\|>(?P<arguments>\{.*\})<\|call\|>"
+)
+
+
+def raw_call(client) -> re.Match:
+    """The forced call as the model wrote it: the same prompt (tools rendered by gpt-oss's template) through
+    /v1/completions with special tokens kept."""
+    tokenizer = harmony_tokenizer()
+    text = tokenizer.apply_chat_template(MESSAGES, tools=TOOLS, add_generation_prompt=True, tokenize=False)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    extra = {"structured_outputs": {"grammar": TOOL_GRAMMAR}, "skip_special_tokens": False}
+    raw = client.completions.create(
+        model="tiny-harmony", prompt=ids, max_tokens=120, temperature=0, extra_body=extra
+    )
+    found = RAW_CALL.fullmatch(raw.choices[0].text)
+    assert found, raw.choices[0].text
+    return found
+
+
+def test_a_harmony_call_is_a_tool_call_whole_and_streamed(client):
+    """The random model cannot choose to call a tool, so a grammar (llguidance over harmony's special tokens)
+    forces the call's shape; the name and arguments are what the model sampled inside it, and the server's
+    `openai` parser must read them back as vLLM returns them (the raw completion says what they are)."""
+    expected = raw_call(client)
+    extra = {"structured_outputs": {"grammar": TOOL_GRAMMAR}}
+    request = {
+        "model": "tiny-harmony",
+        "messages": MESSAGES,
+        "tools": TOOLS,
+        "max_tokens": 120,
+        "temperature": 0,
+    }
+    reply = client.chat.completions.create(**request, extra_body=extra)  # type: ignore[call-overload]
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert choice.message.reasoning_content == expected["reasoning"]  # type: ignore[attr-defined]
+    (call,) = choice.message.tool_calls or []
+    assert call.type == "function" and call.id.startswith("chatcmpl-tool-")
+    assert (call.function.name, call.function.arguments) == ("get_weather", expected["arguments"])
+    assert set(json.loads(call.function.arguments)) == {"city"}
+
+    stream = client.chat.completions.create(**request, stream=True, extra_body=extra)  # type: ignore[call-overload]
+    names, ids, arguments, finish = [], set(), "", None
+    for chunk in stream:
+        for entry in chunk.choices[0].delta.tool_calls or []:
+            names += [entry.function.name] if entry.function and entry.function.name else []
+            ids |= {entry.id} if entry.id else set()
+            arguments += entry.function.arguments or "" if entry.function else ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert (names, arguments, finish) == (["get_weather"], expected["arguments"], "tool_calls")
+    assert len(ids) == 1 and next(iter(ids)).startswith("chatcmpl-tool-")
+
+
+def test_a_tool_result_goes_back_through_gpt_oss_template(client):
+    """A tool loop: the reply's call and the tool's result (role tool) are sent back; the server renders them
+    with gpt-oss's template (the prompt's token count is the local template's) and the model answers."""
+    extra = {"structured_outputs": {"grammar": TOOL_GRAMMAR}}
+    first = client.chat.completions.create(
+        model="tiny-harmony",
+        messages=MESSAGES,
+        tools=TOOLS,
+        max_tokens=120,
+        temperature=0,
+        extra_body=extra,  # type: ignore[arg-type]
+    )
+    (call,) = first.choices[0].message.tool_calls or []
+    turn = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [call.model_dump(include={"id", "type", "function"})],
+    }
+    loop = [*MESSAGES, turn, {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
+    answer = client.chat.completions.create(
+        model="tiny-harmony",
+        messages=loop,  # type: ignore[arg-type]
+        tools=TOOLS,  # type: ignore[arg-type]
+        max_tokens=120,
+        temperature=0,
+        extra_body={"structured_outputs": {"grammar": HARMONY_GRAMMAR}},
+    )
+    assert answer.choices[0].finish_reason == "stop" and re.fullmatch(
+        "[A-Z ]+", answer.choices[0].message.content or ""
+    )
+    local = [
+        *loop[:-2],
+        turn
+        | {
+            "tool_calls": [
+                {"function": {"name": "get_weather", "arguments": json.loads(call.function.arguments)}}
+            ]
+        },
+        loop[-1],
+    ]
+    tokenizer = harmony_tokenizer()
+    text = tokenizer.apply_chat_template(local, tools=TOOLS, add_generation_prompt=True, tokenize=False)
+    assert (
+        '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"sunny, 21 C"<|end|>'
+        in text
+    )
+    assert answer.usage is not None
+    assert answer.usage.prompt_tokens == len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def test_responses_carry_the_analysis_as_a_reasoning_item_whole_and_streamed(client):
+    """client.responses.create: a reasoning item (reasoning_text) before the message, both as the raw
+    completion says; streamed, the reasoning_text deltas and the output_text deltas add up to them."""
+    expected = raw_answer(client)
+    request = {
+        "model": "tiny-harmony",
+        "instructions": "Be brief.",
+        "input": "Say hello.",
+        "max_output_tokens": 120,
+        "temperature": 0,
+        "extra_body": {"structured_outputs": {"grammar": HARMONY_GRAMMAR}},
+    }
+    response = client.responses.create(**request)
+    reasoning, message = response.output
+    assert reasoning.type == "reasoning" and reasoning.summary == []
+    assert [(c.type, c.text) for c in reasoning.content or []] == [("reasoning_text", expected["reasoning"])]
+    assert message.type == "message" and response.output_text == expected["content"]
+    assert (
+        response.usage is not None
+    )  # the exact count: test_harmony_tools (here each token is 1+ characters)
+    assert 0 < response.usage.output_tokens_details.reasoning_tokens <= len(expected["reasoning"])
+
+    thought, text, kinds = "", "", []
+    for event in client.responses.create(**request, stream=True):
+        kinds.append(event.type)
+        if event.type == "response.reasoning_text.delta":
+            thought += event.delta
+        elif event.type == "response.output_text.delta":
+            text += event.delta
+        elif event.type == "response.reasoning_text.done":
+            assert event.text == expected["reasoning"] and event.output_index == 0
+    assert (thought, text) == (expected["reasoning"], expected["content"])
+    assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.done")
+    assert kinds[-1] == "response.completed"
