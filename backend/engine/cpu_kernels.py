@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("paged_attention.cpp", "layers.cpp", "quantized.cpp", "packed_rows.cpp")]
 SOURCES += [CSRC / "gemm_bf16.cpp", CSRC / "prefill_attention.cpp", CSRC / "interleaved.cpp"]
-SOURCES += [CSRC / "step_graph.cpp", CSRC / "moe.cpp"]
+SOURCES += [CSRC / "step_graph.cpp", CSRC / "moe.cpp", CSRC / "q6_k_gemm.cpp"]
 FLAGS = ["-O3", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 BUILD_TIMEOUT_S = 300  # per compile step; a hung compiler must not hang the engine's start
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -58,6 +58,9 @@ QUANT_TYPES = ("q4_0", "q4_1", "q8_0", "q4_k", "q6_k")  # csrc/quantized.cpp
 QUANT_SIGNATURES = {"quant_gemv": [PTR] * 4 + [INT] * 4, "quant_dequant": [PTR, PTR, INT, INT]}
 QUANT_GEMV_MAX_ROWS = 8  # csrc/quantized.cpp MAX_ROWS (and csrc/packed_rows.cpp's)
 QUANT_GEMM_TYPES = ("q4_0", "q4_1", "q8_0")  # quant_gemm: bf16 activations, builds with AVX512_BF16
+# csrc/q6_k_gemm.cpp: quant_gemm_q6_k_{f32,bf16} in every build, 1..Q6_K_GEMM_MAX_ROWS rows (quant_gemv's up
+# to QUANT_GEMV_MAX_ROWS): the Q6_K output matrix of llama-quantize's mixes in a batched decode step
+Q6_K_GEMM_MAX_ROWS = 64
 # csrc/interleaved.cpp (bf16 activations, AVX512_BF16 builds): GGUF types, then packed kinds (group_scales)
 INTERLEAVED_TYPES = ("q4_0", "q4_1", "q8_0", "w4", "w4_zp", "w8", "w8_zp", "fp8", "mxfp4")
 INTERLEAVED_SIGNATURE = [PTR] * 4 + [INT] * 4 + [PTR, INT]  # x, w, bias, y, rows, n, k, ldy, groups, fp32 y
@@ -221,6 +224,13 @@ def _open(path: Path) -> ctypes.CDLL:
         library.prefill_attention_bf16_dot.restype = ctypes.c_int
         library.packed_bf16_dot.restype = ctypes.c_int
         library.quant_gemm_max_rows.restype = ctypes.c_int
+        library.quant_gemm_q6_k_max_rows.restype = ctypes.c_int
+        for variant in ("f32", "bf16", "portable_bf16", "lanes_bf16"):
+            name = f"quant_gemm_q6_k_{variant}"
+            getattr(library, name).argtypes = QUANT_SIGNATURES["quant_gemv"]
+            getattr(library, name).restype = None
+        if library.quant_gemm_q6_k_max_rows() != Q6_K_GEMM_MAX_ROWS:
+            raise AttributeError("quant_gemm_q6_k_max_rows differs from Q6_K_GEMM_MAX_ROWS")
         if library.quant_gemm_max_rows():
             for qtype in QUANT_GEMM_TYPES:
                 getattr(library, f"quant_gemm_{qtype}_bf16").argtypes = QUANT_SIGNATURES["quant_gemv"]
@@ -550,16 +560,26 @@ def quant_gemm_max_rows() -> int:
     return 0 if library is None else library.quant_gemm_max_rows()
 
 
+def quant_gemm_rows(qtype: str, dtype: torch.dtype) -> int:
+    """The most rows quant_gemm takes for GGUF blocks of qtype and activations of dtype (0: none)."""
+    if qtype == "q6_k":
+        return Q6_K_GEMM_MAX_ROWS
+    return quant_gemm_max_rows() if qtype in QUANT_GEMM_TYPES and dtype == torch.bfloat16 else 0
+
+
 def quant_gemm(
-    x: torch.Tensor,  # [rows, k] bf16, rows <= quant_gemm_max_rows(), contiguous
-    data: torch.Tensor,  # [n, k / 32 * type_size] uint8: GGUF blocks of a QUANT_GEMM_TYPES type
-    qtype: str,
-    bias: torch.Tensor | None,  # [n] bf16
+    x: torch.Tensor,  # [rows, k], rows <= quant_gemm_rows(qtype, x.dtype), contiguous
+    data: torch.Tensor,  # [n, k / block_size * type_size] uint8: GGUF blocks
+    qtype: str,  # QUANT_GEMM_TYPES (bf16 x) or q6_k (fp32 or bf16 x)
+    bias: torch.Tensor | None,  # [n], x's dtype
     out: torch.Tensor,  # [rows, >= n] view of a contiguous [rows, ldy] tensor: columns 0..n-1 written
+    path: str = "",  # q6_k, bf16 x, one path at any rows (tests, benches): "portable" or "lanes"
 ) -> None:
-    assert x.is_contiguous() and x.dtype == torch.bfloat16 and x.shape[0] <= quant_gemm_max_rows()
+    assert x.is_contiguous() and x.shape[0] <= quant_gemm_rows(qtype, x.dtype)
     assert out.stride(1) == 1
-    _call_quant_matmul(f"quant_gemm_{qtype}_bf16", x, data, bias, out)
+    assert not path or (qtype == "q6_k" and x.dtype == torch.bfloat16 and path in ("portable", "lanes"))
+    suffix = f"{path}_bf16" if path else SUFFIX[x.dtype]
+    _call_quant_matmul(f"quant_gemm_{qtype}_{suffix}", x, data, bias, out)
 
 
 @cache

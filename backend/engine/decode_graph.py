@@ -13,8 +13,9 @@ arguments (the decode kernel reads a row's first ceil(len / block_size) table en
 tables' width), so the logits are the eager path's bit for bit (tests/engine/test_decode_graph.py).
 
 A step is captured-path only when every row is one plain decode that samples (no prefill chunk, no
-draft tokens) and its rows fit the kernels (GGUF blocks kept row by row, the K-types: quant_gemv's 8 rows,
-past which the eager module takes other kernels); any other step takes the modules.
+draft tokens) and its rows fit the kernels (GGUF blocks kept row by row, the K-types: quant_gemv's 8
+rows, Q6_K's quant_gemm's 64, past which the eager module takes other kernels); any other step takes the
+modules.
 `decode_graph_support.unsupported_reason` says why a model cannot be captured at all (logged once at start).
 """
 

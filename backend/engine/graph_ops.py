@@ -62,8 +62,9 @@ def ptr(tensor: torch.Tensor | None) -> int:
 def unsupported_linear(module: object, dtype: torch.dtype) -> str | None:
     """Why a projection has no captured calls (None: it has). A quantized one's parts are interleaved, or
     GGUF blocks kept row by row (the K-types; every type on a CPU without AVX512_BF16) that quant_gemv
-    serves for up to QUANT_GEMV_MAX_ROWS rows (row_limit), in the CPU's own compute dtype (bf16 with fast
-    bf16, else fp32: what dtype "auto" picks and the planner plans, memory_plan)."""
+    serves for up to QUANT_GEMV_MAX_ROWS rows (Q6_K: quant_gemm, Q6_K_GEMM_MAX_ROWS; row_limit), in the
+    CPU's own compute dtype (bf16 with fast bf16, else fp32: what dtype "auto" picks and the planner
+    plans, memory_plan)."""
     if isinstance(module, Linear):
         return None if module.native_weight is not None else "a projection not on gemm_bf16 (oneDNN or torch)"
     if isinstance(module, QuantizedLinear):
@@ -86,10 +87,17 @@ def is_gguf_rows(part: object) -> bool:
 
 
 def row_limit(module: Linear | QuantizedLinear) -> int | None:
-    """The most rows module's captured calls take (None: any): quant_gemv's for GGUF rows (past it the
-    eager module takes other kernels, so a step with more rows runs the modules)."""
+    """The most rows module's captured calls take (None: any): for GGUF rows quant_gemv's, or Q6_K's
+    quant_gemm's (past it the eager module takes other kernels, so a step with more rows runs the modules)."""
     parts = module.parts if isinstance(module, QuantizedLinear) else []
-    return cpu_kernels.QUANT_GEMV_MAX_ROWS if any(map(is_gguf_rows, parts)) else None
+    rows = [p for p in parts if isinstance(p, QuantizedWeight) and is_gguf_rows(p)]
+    return min((gguf_rows_limit(p.qtype) for p in rows), default=None)
+
+
+def gguf_rows_limit(qtype: str) -> int:
+    """The most rows gguf_rows_ops' kernel takes: quant_gemm for Q6_K (any build, fp32 or bf16; quant_gemv
+    within it up to QUANT_GEMV_MAX_ROWS), quant_gemv for the others."""
+    return cpu_kernels.Q6_K_GEMM_MAX_ROWS if qtype == "q6_k" else cpu_kernels.QUANT_GEMV_MAX_ROWS
 
 
 def linear_ops(module: Linear | QuantizedLinear, x: torch.Tensor, out: torch.Tensor) -> list[Op]:
@@ -124,9 +132,11 @@ def linear_ops(module: Linear | QuantizedLinear, x: torch.Tensor, out: torch.Ten
 def gguf_rows_ops(
     x: torch.Tensor, part: QuantizedWeight, bias: torch.Tensor | None, out: torch.Tensor, y: int
 ) -> list[Op]:
-    """quant_gemv of x into out's columns at y; into fp32 logits from bf16 x (an lm_head, one part) it
-    writes the bf16 values at each row's start, then widens them there (the eager path's .float())."""
-    name, (n, k) = f"quant_gemv_{part.qtype}_{cpu_kernels.SUFFIX[x.dtype]}", part.shape
+    """quant_gemv (Q6_K: quant_gemm) of x into out's columns at y; into fp32 logits from bf16 x (an
+    lm_head, one part) it writes the bf16 values at each row's start, then widens them there (the eager
+    path's .float())."""
+    kernel = "quant_gemm" if part.qtype == "q6_k" else "quant_gemv"  # gguf_rows_limit
+    name, (n, k) = f"{kernel}_{part.qtype}_{cpu_kernels.SUFFIX[x.dtype]}", part.shape
     ints = [x.data_ptr(), ptr(part.data), ptr(bias), y, 0, n, k, out.stride(0)]
     if out.dtype == x.dtype:
         return [op(name, Signature.GEMM, 4, ints)]

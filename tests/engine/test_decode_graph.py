@@ -182,6 +182,20 @@ def test_k_quant_gguf_rows_are_captured_up_to_the_gemv_row_limit(tmp_path):
     assert {1, 8} <= sizes and max(sizes) == 8, f"graph batch sizes {sorted(sizes)}"
 
 
+def test_q4_0_mix_with_a_q6_k_lm_head_is_captured_at_16_rows(tmp_path):
+    """llama-quantize's Q4_0 mix: Q4_0 projections (interleaved) and a tied Q6_K embedding as the lm_head,
+    kept row by row. quant_gemm_q6_k serves it up to 64 rows, so 16 sequences decode in the captured step
+    (before it, quant_gemv's 8 rows sent them to the modules), logits equal to the eager modules' (which
+    take the same kernel past 8 rows), greedy tokens identical."""
+    linear = {kind: Q.Q4_0 for kind in ("attn_q", "attn_k", "attn_v", "attn_output")}
+    linear |= {kind: Q.Q4_0 for kind in ("ffn_gate", "ffn_up", "ffn_down")}
+    path = write_tiny_gguf(tmp_path / "tiny-q4_0-mix.gguf", linear, Q.Q6_K)
+    batch = prompts(lengths=tuple(range(3, 35, 2)), seed=11, vocab=VOCAB)
+    _, captured, llm = run_both(str(path), batch, [greedy(10)] * 16, embeds=False, max_num_seqs=16)
+    assert llm.llm_engine.runner.decode_graph.max_rows == 16
+    assert 16 in captured["graph_steps"], f"graph batch sizes {sorted(set(captured['graph_steps']))}"
+
+
 def test_gguf_rows_in_fp32_on_a_simulated_cpu_without_fast_bf16(monkeypatch):
     """A CPU without AVX512_BF16 / AMX (AVX2-only EPYCs; simulated: the flag read as absent) computes in
     fp32, its GGUF blocks row by row: quant_gemv's fp32 kernels are captured there, the lm_head writing

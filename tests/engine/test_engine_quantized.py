@@ -1,8 +1,9 @@
 """GGUF weights kept quantized: the block decoders against gguf-py's reference dequantization, the CPU
 kernels (each instruction-set build, fp32 and bf16 activations) against it, and whole engines on quantized
 weights token-identical to the same engine on the dequantized weights in fp32, for every kept type (Q4_0,
-Q4_1, Q8_0, Q4_K, Q6_K); in bf16, against the same bf16 engine multiplying by the fp32 dequantized
-weights (the function the kernels compute, up to the order of fp32 sums)."""
+Q4_1, Q8_0, Q4_K, Q6_K; Q6_K's batched kernel on every build); in bf16, against the same bf16 engine
+multiplying by the fp32 dequantized weights (the function the kernels compute, up to the order of fp32
+sums)."""
 
 from __future__ import annotations
 
@@ -106,6 +107,35 @@ def test_batched_kernel_matches_gguf_py(name, odd):
             torch.testing.assert_close(out[:, :ROWS], gemv, rtol=2**-7, atol=1e-5)
 
 
+Q6_K_PATHS = [
+    ("", torch.float32),
+    ("", torch.bfloat16),
+    ("portable", torch.bfloat16),
+    ("lanes", torch.bfloat16),
+]
+
+
+@needs_kernels
+@pytest.mark.parametrize(("path", "dtype"), Q6_K_PATHS, ids=["fp32", "bf16", "bf16-portable", "bf16-lanes"])
+def test_q6_k_gemm_matches_gguf_py(path, dtype):
+    """quant_gemm_q6_k (csrc/q6_k_gemm.cpp) on 37 output columns (a multiple of none of its column tiles:
+    8, 4, 2 with bf16 lanes, 4 portable) and 3 super-blocks, at rows past quant_gemv's (9, 16, 33: partly
+    filled lanes and row tiles) and at its ends: within fp32 summation error of the exact product with
+    gguf-py's dequantization (plus bf16's rounding of the output), bias included, nothing past column 37
+    written. "portable" and "lanes" force one path at any rows (on a build without AVX512_BF16 both are the
+    portable one)."""
+    n, k = 37, 768
+    data = torch.from_numpy(random_blocks(Q.Q6_K, n, k, np.random.default_rng(4)))
+    reference = torch.from_numpy(dequantize(data.numpy(), Q.Q6_K)).reshape(n, k)
+    bias = torch.randn(n).to(dtype)
+    for rows in (1, 8, 9, 16, 33, cpu_kernels.Q6_K_GEMM_MAX_ROWS):
+        x = torch.randn(rows, k).to(dtype)
+        out = torch.full((rows, n + 3), float("nan"), dtype=dtype)
+        cpu_kernels.quant_gemm(x, data, "q6_k", bias, out, path=path)
+        assert_close_to_exact(out[:, :n], x, reference, bias)
+        assert out[:, n:].isnan().all()
+
+
 CHECK_BUILD = """
 import sys, numpy as np, torch
 from gguf import dequantize
@@ -114,7 +144,6 @@ from backend.engine.quantization.gguf_blocks import KEPT_TYPES
 from tests.gguf_utils import random_blocks
 
 print(cpu_kernels.build_flags())
-gemm_rows = cpu_kernels.quant_gemm_max_rows()
 for qtype, name in KEPT_TYPES.items():
     data = random_blocks(qtype, 16, 512, np.random.default_rng(0))
     reference = torch.from_numpy(dequantize(data, qtype))
@@ -127,13 +156,17 @@ for qtype, name in KEPT_TYPES.items():
             if rows <= cpu_kernels.QUANT_GEMV_MAX_ROWS:
                 out = torch.empty(rows, 16, dtype=dtype)
                 cpu_kernels.quant_gemv(x, torch.from_numpy(data), name, None, out)
-            elif dtype == torch.bfloat16 and name in cpu_kernels.QUANT_GEMM_TYPES and gemm_rows >= rows:
+            elif cpu_kernels.quant_gemm_rows(name, dtype) >= rows:
                 out = torch.empty(rows, 16, dtype=dtype)
                 cpu_kernels.quant_gemm(x, torch.from_numpy(data), name, None, out)
             else:
                 continue
             tolerance = 1e-4 if dtype == torch.float32 else 1e-2
             assert torch.allclose(out.float(), expected, rtol=tolerance, atol=tolerance), (name, rows, dtype)
+            if name == "q6_k" and dtype == torch.bfloat16:  # both of the build's paths past quant_gemv
+                for path in ("portable", "lanes"):
+                    cpu_kernels.quant_gemm(x, torch.from_numpy(data), name, None, out, path=path)
+                    assert torch.allclose(out.float(), expected, rtol=tolerance, atol=tolerance), path
 """
 
 

@@ -9,11 +9,13 @@ QuantizedLinear computes x @ W^T from W's blocks: batches of up to cpu_kernels.Q
 through the fused decode + matrix-vector kernel (each block read once, decoded in cache); in bf16, where
 the kernels' build has AVX512_BF16, Q4_0 / Q4_1 / Q8_0 layers take batches of up to
 cpu_kernels.quant_gemm_max_rows() rows through the fused quant_gemm (the same function: the weights'
-integers times bf16 x, summed in fp32, then scaled per block); larger batches decode W a tile of rows at a
-time into a scratch buffer shared by all layers (natively) and multiply the tile with torch's GEMM (in bf16,
-the weights rounded to bf16). Without the kernels (CUDA, PLAYGROUND_CPU_KERNELS=0, no compiler) tiles are
-decoded in PyTorch (gguf_blocks, the parts' dequantize_rows). A fused projection (q/k/v, gate/up) holds
-one part per checkpoint tensor, so parts of different types (Q4_K q with Q6_K v) stay as they are.
+integers times bf16 x, summed in fp32, then scaled per block), and Q6_K layers (llama-quantize's
+output matrix) up to cpu_kernels.Q6_K_GEMM_MAX_ROWS in fp32 or bf16 on every build (csrc/q6_k_gemm.cpp);
+larger batches decode W a tile of rows at a time into a scratch buffer shared by all layers (natively)
+and multiply the tile with torch's GEMM (in bf16, the weights rounded to bf16). Without the kernels
+(CUDA, PLAYGROUND_CPU_KERNELS=0, no compiler) tiles are decoded in PyTorch (gguf_blocks, the parts'
+dequantize_rows). A fused projection (q/k/v, gate/up) holds one part per checkpoint tensor, so parts of
+different types (Q4_K q with Q6_K v) stay as they are.
 """
 
 from __future__ import annotations
@@ -118,11 +120,9 @@ class QuantizedLinear(nn.Module):
         tensors = [t for part in parts for t in part_tensors(part)]
         for i, tensor in enumerate(tensors):
             self.register_buffer(f"qweight_{i}", tensor)  # counted by weights_bytes, moved by .to()
-        self.has_gemm = all(  # the kernels for 9-64 rows: Q4_0 / Q4_1 / Q8_0 GGUF blocks, bf16 activations
-            isinstance(p, Interleaved)
-            or (isinstance(p, QuantizedWeight) and p.qtype in cpu_kernels.QUANT_GEMM_TYPES)
-            for p in parts
-        )
+        # the kernels for 9-64 rows: GGUF blocks of Q4_0 / Q4_1 / Q8_0 (bf16 activations) or Q6_K (gemm_rows)
+        self.gemm_types = {p.qtype for p in parts if isinstance(p, QuantizedWeight)}
+        self.has_gemm = all(isinstance(p, Interleaved | QuantizedWeight) for p in parts)
         self.in_features = parts[0].shape[1]
         self.out_features = sum(p.shape[0] for p in parts)
         device = tensors[0].device
@@ -147,17 +147,15 @@ class QuantizedLinear(nn.Module):
             and x.is_contiguous()
         ):
             return self.fused(x, cpu_kernels.quant_gemv)
-        if (
-            self.use_kernel
-            and self.has_gemm
-            and x.dtype == torch.bfloat16
-            and rows <= cpu_kernels.quant_gemm_max_rows()
-            and x.is_contiguous()
-        ):
+        if self.use_kernel and self.has_gemm and rows <= self.gemm_rows(x.dtype) and x.is_contiguous():
             return self.fused(x, cpu_kernels.quant_gemm)
         if self.use_kernel and self.all_packed and rows <= PACKED_SLICED_MAX_ROWS and x.is_contiguous():
             return self.sliced(x)
         return self.tiled_matmul(x)
+
+    def gemm_rows(self, dtype: torch.dtype) -> int:
+        """The most rows quant_gemm takes for every GGUF part with activations of dtype (0: none)."""
+        return min((cpu_kernels.quant_gemm_rows(t, dtype) for t in self.gemm_types), default=0)
 
     def sliced(self, x: torch.Tensor) -> torch.Tensor:
         """packed_gemv over slices of QUANT_GEMV_MAX_ROWS rows: re-reading the packed weights per slice costs
