@@ -1,7 +1,8 @@
 // Q6_K weights times up to GEMM_MAX_ROWS activation rows without a decoded copy of the weights in memory:
 //   quant_gemm_q6_k_{f32,bf16}: y [rows, n] (row stride ldy) = x [rows, k] @ W^T (+ bias), W [n, k] Q6_K
-// (csrc/q6_k.h). Up to quantized.cpp's MAX_ROWS rows it is quant_gemv_q6_k (each block decoded in registers
-// once per output column); past it, which quant_gemv would serve by decoding every block once per 8 rows:
+// (csrc/q6_k.h). Up to quantized.cpp's MAX_ROWS rows (bf16 lanes: BF16_GEMV_ROWS) it is quant_gemv_q6_k
+// (each block decoded in registers once per output column); past it, where quant_gemv would decode every
+// block once per 8 rows:
 //   - bf16 x where the build has AVX512_BF16 (BF16_DOT, csrc/quantized_bf16.h): x's rows in vector lanes
 //     (bf16dot::lane_x), each super-block of J output columns decoded once to its exact 6-bit integers as
 //     bf16 (a 64-entry table, VPERMT2W) in an L1 buffer, VDPBF16PS products summed per 16-weight sub-block
@@ -29,6 +30,10 @@ extern "C" void quant_gemv_q6_k_bf16(const BFloat16 *x, const uint8_t *w, const 
 namespace {
 
 constexpr int GEMV_ROWS = 8;       // quantized.cpp MAX_ROWS: quant_gemv up to here
+// bf16 lanes from 5 rows: Llama-3.2-1B's lm_head (128,256 x 2,048) on 2 threads of an EPYC with
+// AVX512_BF16 took 165 ms (quant_gemv) vs 208 (lanes) at 4 rows, 317 vs 234 at 6, 344 vs 216 at 8
+// (a shared machine, load 7: the best of 3; lanes cost about the same from 1 to 16 rows)
+constexpr int BF16_GEMV_ROWS = 4;
 constexpr int GEMM_MAX_ROWS = 64;  // cpu_kernels.Q6_K_GEMM_MAX_ROWS
 constexpr int QK = Q6_K::QK, BYTES = Q6_K::BYTES;
 
@@ -219,10 +224,11 @@ extern "C" void quant_gemm_q6_k_f32(const float *x, const uint8_t *w, const floa
 
 extern "C" void quant_gemm_q6_k_bf16(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, BFloat16 *y,
                                      int64_t rows, int64_t n, int64_t k, int64_t ldy) {
-    if (rows <= GEMV_ROWS) return quant_gemv_q6_k_bf16(x, w, bias, y, rows, n, k, ldy);
 #if defined(BF16_DOT)
+    if (rows <= BF16_GEMV_ROWS) return quant_gemv_q6_k_bf16(x, w, bias, y, rows, n, k, ldy);
     bf16_gemm(x, w, bias, y, rows, n, k, ldy);
 #else
+    if (rows <= GEMV_ROWS) return quant_gemv_q6_k_bf16(x, w, bias, y, rows, n, k, ldy);
     portable_gemm(x, w, bias, y, rows, n, k, ldy);
 #endif
 }

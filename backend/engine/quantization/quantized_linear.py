@@ -175,6 +175,8 @@ class QuantizedLinear(nn.Module):
             bias = None if self.bias is None else self.bias[start:stop]
             if isinstance(part, Interleaved):
                 cpu_kernels.interleaved_gemm(x, part, bias, out[:, start:stop])
+            elif isinstance(part, QuantizedWeight) and part.qtype == "q6_k":  # its own row split, any rows
+                cpu_kernels.quant_gemm(x, part.data, part.qtype, bias, out[:, start:stop])
             elif isinstance(part, QuantizedWeight):
                 kernel(x, part.data, part.qtype, bias, out[:, start:stop])
             else:
