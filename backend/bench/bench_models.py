@@ -5,6 +5,7 @@ then kept under ~/.cache/llm-playground/bench-models/ (XDG_CACHE_HOME), outside 
 
     python -m backend.bench.bench_models --shape llama-3.2-1b --type Q4_0            # the default mix
     python -m backend.bench.bench_models --shape llama-3.2-1b --type Q4_0 --pure     # every matrix Q4_0
+    python -m backend.bench.bench_models --shape olmoe-1b-7b-4l --type Q4_0          # the MoE row (issue 30)
 
 llama-quantize's default Q4_0 mix keeps the types its rules pick per tensor (src/llama-quant.cpp
 llama_tensor_get_type): the output matrix, or a tied embedding that serves as it, becomes Q6_K (Q8_0

@@ -1,4 +1,4 @@
-"""Build a random-weight Llama-family model folder from a config, for speed benchmarks on any machine.
+"""Build a random-weight Llama-family (or OLMoE) model folder from a config, for speed benchmarks.
 
     python -m backend.bench.random_model --out /tmp/llama-1b                # Llama-3.2-1B's shape
     python -m backend.bench.offline --model /tmp/llama-1b --device cuda     # then benchmark it
@@ -62,27 +62,46 @@ SHAPES: dict[str, dict[str, Any]] = {
         tie_word_embeddings=True,
         max_position_embeddings=8192,
     ),
+    # OLMoE-1B-7B's shape (allenai/OLMoE-1B-7B-0924 config.json: hidden 2048, 16 heads of 128, 64 experts
+    # of intermediate 1024, top-8, vocabulary 50,304, untied) with 4 of its 16 layers: 1.9B parameters
+    # (all 16: 6.9B, 14 GB in bf16, past this machine's memory with both engines loaded)
+    "olmoe-1b-7b-4l": dict(
+        vocab_size=50304,
+        hidden_size=2048,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        num_experts=64,
+        num_experts_per_tok=8,
+        norm_topk_prob=False,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        max_position_embeddings=4096,
+    ),
 }
 
 
 def build(out: str, shape: str = "llama-1b", tokenizer: str | None = None, seed: int = 0) -> str:
     """Write config, random bf16 weights and the tokenizer to `out`; returns `out`."""
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        AutoTokenizer,
+        LlamaConfig,
+        LlamaForCausalLM,
+        OlmoeConfig,
+        OlmoeForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     from backend.default_model import default_model, split_gguf_path
 
     folder, gguf_file = split_gguf_path(tokenizer or default_model())
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     tok = AutoTokenizer.from_pretrained(folder, **kwargs)
-    config_cls, model_cls = (
-        (Qwen2Config, Qwen2ForCausalLM)
-        if shape.startswith("qwen2")
-        else (
-            LlamaConfig,
-            LlamaForCausalLM,
-        )
-    )
+    families = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "olmoe": (OlmoeConfig, OlmoeForCausalLM)}
+    config_cls, model_cls = families.get(shape.split("-")[0], (LlamaConfig, LlamaForCausalLM))
     config = config_cls(
         **({"vocab_size": len(tok)} | SHAPES[shape]),
         bos_token_id=tok.bos_token_id,

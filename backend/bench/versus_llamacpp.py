@@ -1,6 +1,7 @@
 """Decode speed against llama.cpp on the very same GGUF file, in one run (issue 30):
 
     python -m backend.bench.versus_llamacpp                       # Llama-3.2-1B's shape, llama-quantize Q4_0
+    python -m backend.bench.versus_llamacpp --shapes olmoe-1b-7b-4l   # OLMoE-1B-7B's shape, 4 of 16 layers
     python -m backend.bench.versus_llamacpp --rounds 3 --batch-sizes 1,16 --n-gen 64 --prompt-len 16
     python -m backend.bench.versus_llamacpp --model FILE.gguf     # any GGUF file both can run
     python -m backend.bench.offline --peer llamacpp [--model FILE.gguf]   # the same, with the defaults
