@@ -31,6 +31,8 @@ LLAMA_UBATCH_LOGITS = memory.LLAMACPP_UBATCH * 4  # llama.cpp computes fp32 logi
 # (cpu_kernels.QUANT_GEMV_MAX_ROWS, graph_ops.row_limit): a larger decode step runs eagerly
 GGUF_INTERLEAVED = ("gguf-q4_0", "gguf-q4_1", "gguf-q8_0")
 GGUF_ROWS_CAPTURED = 8
+# ... except Q6_K, whose captured calls are quant_gemm_q6_k's (cpu_kernels.Q6_K_GEMM_MAX_ROWS)
+GGUF_ROWS_CAPTURED_BY_QUANT = {"gguf-q6_k": 64}
 
 
 @dataclass(slots=True, frozen=True)
@@ -82,7 +84,7 @@ def captured_row_limit(spec: ModelSpec, lay: Layout) -> int | None:
     gguf = runs_as_stored(spec, lay) and lay.quant.name.startswith("gguf-")
     fast_bf16 = lay.gpu.cpu is not None and lay.gpu.cpu.has_fast_bf16
     rows = gguf and not (fast_bf16 and lay.quant.name in GGUF_INTERLEAVED)
-    return GGUF_ROWS_CAPTURED if rows else None
+    return GGUF_ROWS_CAPTURED_BY_QUANT.get(lay.quant.name, GGUF_ROWS_CAPTURED) if rows else None
 
 
 def _weights(req: PlanRequest, spec: ModelSpec, lay: Layout) -> tuple[int, float]:

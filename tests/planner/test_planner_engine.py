@@ -61,3 +61,12 @@ def test_embedded_estimate_matches_measured_engine_memory(engine_stats):
     assert est.weights_bytes == pytest.approx(engine_stats.weights_bytes, rel=0.05)
     assert kv_est.kv_cache_bytes == pytest.approx(engine_stats.kv_pool_bytes, rel=0.05)
     assert est.max_model_len == engine_stats.max_model_len
+
+
+def test_captured_row_limits_are_the_kernels():
+    """The planner's captured-step row limits for GGUF kept row by row are the kernels' own."""
+    from backend.engine import cpu_kernels
+    from backend.planner import memory_plan
+
+    assert memory_plan.GGUF_ROWS_CAPTURED == cpu_kernels.QUANT_GEMV_MAX_ROWS
+    assert memory_plan.GGUF_ROWS_CAPTURED_BY_QUANT == {"gguf-q6_k": cpu_kernels.Q6_K_GEMM_MAX_ROWS}
