@@ -21,7 +21,7 @@ from pathlib import Path
 from backend.bench.quantized import decode_rates
 from benchmarks.quant_checkpoints import Scheme, write_checkpoint, write_compressed_tensors
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CT_SPECS = {
     "compressed-tensors w4a16 g64": dict(
         format="pack-quantized", type="int", num_bits=4, symmetric=True, strategy="group", group_size=64

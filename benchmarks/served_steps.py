@@ -35,7 +35,7 @@ from benchmarks.step_recorder import StepRecorder, step_summary, voluntary_switc
 if TYPE_CHECKING:
     from backend.engine.compute_threads import ComputeThreads
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def offline_pass(engine, prompts: list[list[int]], output_len: int, concurrency: int) -> float:

@@ -16,7 +16,7 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 600  # the default model loads in about 30 s on 2 cores; a busy machine is slower
 
 

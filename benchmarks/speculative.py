@@ -29,7 +29,7 @@ from backend.bench import offline
 from backend.bench.datasets import corpus_text
 
 CODE_FILES = ("backend/engine/block_manager.py", "backend/engine/scheduler.py")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -359,18 +359,21 @@ class AsyncLLM:
     def _add(self, command: AddRequest) -> None:
         request_id = command.request_id
         try:
-            self.engine.add_processed_request(
-                request_id, command.prompt, command.prompt_token_ids, command.params
-            )
+            # one critical section: admission (add_requests) counts a request as pending or as in the
+            # scheduler's queue, never as both (a burst at the limit was refused one place too early)
+            with self._lock:
+                try:
+                    self.engine.add_processed_request(
+                        request_id, command.prompt, command.prompt_token_ids, command.params
+                    )
+                finally:
+                    self._num_pending -= 1
         except ValueError as exc:  # the request's own fault
             self._deliver(request_id, exc)
         except Exception as exc:  # anything else while adding fails this request only
             log.exception("adding request %s failed", request_id)
             self.engine.abort_request(request_id)
             self._deliver(request_id, EngineGenerateError(f"adding the request failed: {_describe(exc)}"))
-        finally:
-            with self._lock:
-                self._num_pending -= 1
 
     def _fail_all(self, exc: Exception) -> None:
         for request_id in list(self.engine.requests):
