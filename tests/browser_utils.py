@@ -104,3 +104,29 @@ def choose(page, elem_id: str, value: str) -> None:
 
 def shot(page, name: str, full_page: bool = True) -> None:
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=full_page)
+
+
+# Every length the last reply shows and every KV figure the live panel shows, recorded by the page
+# itself: a test loop polling a busy machine misses the short ones
+RECORD_REPLY_AND_KV = """() => {
+    window.replyLengths = []; window.kvSeen = [];
+    new MutationObserver(() => { const bot = [...document.querySelectorAll('#chatbot .bot')].pop();
+        if (bot) window.replyLengths.push(bot.innerText.length); })
+    .observe(document.querySelector('#chatbot'), {subtree: true, childList: true, characterData: true});
+    new MutationObserver(() => { const now = document.querySelector('#live-now');
+        if (now) window.kvSeen.push(parseFloat(now.getAttribute('data-kv') || '0')); })
+    .observe(document.querySelector('#live-now-box'), {subtree: true, childList: true, attributes: true});
+}"""
+
+
+def send_and_record(page, prompt: str, timeout_s: float = 600) -> tuple[list[int], list[float]]:
+    """Send `prompt` in Chat and wait for its reply stats: (reply lengths seen, KV figures seen)."""
+    page.fill("#chat-input textarea", prompt)
+    page.evaluate(RECORD_REPLY_AND_KV)
+    page.click("#chat-send")
+    kv_values, deadline = [], time.monotonic() + timeout_s
+    while "TTFT" not in page.locator("#chat-reply-stats").inner_text():
+        assert time.monotonic() < deadline, f"the reply did not finish within {timeout_s:.0f} s"
+        kv_values.append(float(page.locator("#live-now").get_attribute("data-kv") or 0))
+        time.sleep(0.25)
+    return page.evaluate("() => window.replyLengths"), kv_values + page.evaluate("() => window.kvSeen")

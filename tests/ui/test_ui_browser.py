@@ -19,7 +19,16 @@ import httpx
 import pytest
 
 from backend.default_model import DEFAULT_HUB_ID
-from tests.browser_utils import LOAD_S, app_server, browser_page, choose, fill_number, open_tab, shot
+from tests.browser_utils import (
+    LOAD_S,
+    app_server,
+    browser_page,
+    choose,
+    fill_number,
+    open_tab,
+    send_and_record,
+    shot,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -175,29 +184,7 @@ def test_chat_streams_while_kv_chart_rises(page, engine):
     # a reply that runs for seconds, so the 1 s KV samples see it: a 128-token one took under a second on
     # a quiet Xeon, and a 64-token one from vLLM once finished between two samples
     fill_number(page, "#chat-max-tokens input", "1024")
-    page.fill("#chat-input textarea", "Write a long story about a dragon who learns to cook.")
-    # the page records every length the reply shows (a slow test loop on a busy machine would miss some)
-    page.evaluate(
-        """() => { window.replyLengths = [];
-        new MutationObserver(() => { const bot = [...document.querySelectorAll('#chatbot .bot')].pop();
-            if (bot) window.replyLengths.push(bot.innerText.length); })
-        .observe(document.querySelector('#chatbot'),
-                 {subtree: true, childList: true, characterData: true});
-        window.kvSeen = [];  // the figure is re-rendered each second: watch its box, read the new one
-        new MutationObserver(() => { const now = document.querySelector('#live-now');
-            if (now) window.kvSeen.push(parseFloat(now.getAttribute('data-kv') || '0')); })
-        .observe(document.querySelector('#live-now-box'),
-                 {subtree: true, childList: true, attributes: true}); }"""
-    )
-    page.click("#chat-send")
-    kv_values = []
-    deadline = time.monotonic() + 600  # behaviour, not speed: a compile beside the suite slows it
-    while "TTFT" not in page.locator("#chat-reply-stats").inner_text():
-        assert time.monotonic() < deadline, "the reply did not finish within 600 s"
-        kv_values.append(float(page.locator("#live-now").get_attribute("data-kv") or 0))
-        time.sleep(0.25)
-    kv_values += page.evaluate("() => window.kvSeen")  # every value the page showed, polled or not
-    lengths = page.evaluate("() => window.replyLengths")
+    lengths, kv_values = send_and_record(page, "Write a long story about a dragon who learns to cook.")
     growing = sorted({n for n in lengths if n > 0})
     assert len(growing) >= 3, f"the reply did not stream (lengths seen: {growing})"
     assert max(kv_values) > 0, "the KV-usage figure never rose above zero while the reply ran"
