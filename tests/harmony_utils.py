@@ -32,6 +32,21 @@ final: <|start|> "assistant" <|channel|> "final" <|message|> ANSWER <|return|>
 THINK: /[a-z ]{1,40}/
 ANSWER: /[A-Z ]{1,24}/
 """
+# the one function the harmony tool-call tests offer (an OpenAI chat `tools` entry)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 _ROOT = Path(tempfile.mkdtemp(prefix="harmony-tests-"))
 atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
 

@@ -25,7 +25,7 @@ from backend.server.responses_stream import ResponsesEvents
 from backend.server.serving import harmony_stop
 from backend.server.tool_parsers import OpenAIToolParser, ParsedCall
 from tests.engine_utils import tokenizer_dir
-from tests.harmony_utils import harmony_tokenizer
+from tests.harmony_utils import TOOLS, harmony_tokenizer
 
 ARGS = '{"city": "Paris", "unit": "°C"}'
 CALL = (
@@ -37,20 +37,6 @@ ANSWER = (
     "<|channel|>analysis<|message|>The user greets.<|end|>"
     "<|start|>assistant<|channel|>final<|message|>Hello!<|return|>"
 )
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import pytest
 from openai import OpenAI
 
 from tests.gpt_oss_utils import tiny_gpt_oss
-from tests.harmony_utils import HARMONY_GRAMMAR, harmony_tokenizer
+from tests.harmony_utils import HARMONY_GRAMMAR, TOOLS, harmony_tokenizer
 from tests.server_utils import ServeProcess
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]
@@ -138,20 +138,6 @@ def test_parallel_samples_each_split_their_own_channels(client):
     assert [tuple(streamed[0]), tuple(streamed[1])] == expected
 
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
 # harmony's tool-call shape as gpt-oss writes it (openai's harmony docs): the analysis, then a commentary
 # message to functions.get_weather, JSON-constrained, closed by <|call|>
 TOOL_GRAMMAR = r"""

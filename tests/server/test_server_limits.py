@@ -16,16 +16,9 @@ from backend.engine import structured_output
 from backend.server import build_app
 from backend.server.fairness import ClientLine, client_id
 from backend.worker_pool import WorkerPool
-from tests.server_utils import RunningServer, long_context_tiny_model, start_engine, wait_until
+from tests.server_utils import RunningServer, wait_until
 
 MAX_BODY = 4 * 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def engine():
-    engine = start_engine(long_context_tiny_model(), max_num_seqs=1, num_kv_blocks=1100, max_model_len=8192)
-    yield engine
-    engine.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -16,16 +16,9 @@ from backend.server import build_app
 from backend.server.fairness import ClientLine
 from tests.common_utils import ROOT, stop_process
 from tests.engine_utils import tiny_model
-from tests.server_utils import RunningServer, long_context_tiny_model, start_engine, wait_until
+from tests.server_utils import RunningServer, wait_until
 
 KEY = "s3cret-key"
-
-
-@pytest.fixture(scope="module")
-def engine():
-    engine = start_engine(long_context_tiny_model(), max_num_seqs=1, num_kv_blocks=1100, max_model_len=8192)
-    yield engine
-    engine.shutdown()
 
 
 @pytest.fixture(scope="module")
