@@ -118,6 +118,10 @@ class LLMEngine:
         vocab = self.runner.model.args.vocab_size  # a tokenizer may know more tokens than the embedding
         if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
             raise ValueError(f"Prompt token ids must be integers in [0, {vocab - 1}]")
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise ValueError(
+                f"logit_bias token id {max(params.logit_bias)} is out of vocabulary: [0, {vocab - 1}]"
+            )
         if not ids:
             raise ValueError("The prompt is empty; it must contain at least one token")
         if len(ids) >= self.max_model_len:

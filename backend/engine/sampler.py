@@ -17,7 +17,8 @@ from backend.engine.sequence import Sequence
 def apply_penalties(
     logits: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int]
 ) -> None:
-    """In place on one row: repetition (prompt and output tokens), then frequency and presence (output)."""
+    """In place on one row: repetition (prompt and output tokens), then frequency and presence (output),
+    then the request's logit bias."""
     device = logits.device
     if params.repetition_penalty != 1.0:
         seen = torch.tensor(sorted(set(prompt) | set(output)), dtype=torch.long, device=device)
@@ -29,6 +30,9 @@ def apply_penalties(
             logits.dtype
         )
         logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(logits.dtype)
+    if params.logit_bias:
+        ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=device)
+        logits[ids] += torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype, device=device)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:

@@ -18,6 +18,7 @@ MIN_TEMPERATURE = 1e-2
 MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 1024
+MAX_LOGIT_BIAS = 1024  # token ids one request may bias
 
 
 @dataclass(slots=True)
@@ -90,6 +91,9 @@ class SamplingParams:
     return_prompt_logprobs_tensor: bool = False
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
+    # OpenAI's logit_bias: token id -> a bias in [-100, 100] added to its logit before sampling (the
+    # logprobs stay the raw model's, as in vLLM)
+    logit_bias: dict[int, float] | None = None
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -139,6 +143,19 @@ class SamplingParams:
             self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
             "structured_outputs must be a StructuredOutputsParams",
         )
+        _check(
+            self.logit_bias is None
+            or (
+                isinstance(self.logit_bias, dict)
+                and len(self.logit_bias) <= MAX_LOGIT_BIAS
+                and all(
+                    _is_int(k) and k >= 0 and _is_real(v) and -100 <= v <= 100
+                    for k, v in self.logit_bias.items()
+                )
+            ),
+            f"logit_bias must map at most {MAX_LOGIT_BIAS} token ids (integers >= 0) to biases in "
+            "[-100, 100]",
+        )
         self.stop_strings = _stop_strings(self.stop)
         self.stop_token_ids = list(self.stop_token_ids or [])
         _check(
@@ -167,7 +184,11 @@ class SamplingParams:
 
     @property
     def needs_penalties(self) -> bool:
-        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+        """The logits change per row before sampling (sampler.apply_penalties): penalties or a logit bias."""
+        penalised = (
+            self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+        )
+        return penalised or bool(self.logit_bias)
 
 
 def _stop_strings(stop: str | list[str] | None) -> list[str]:

@@ -75,6 +75,7 @@ class SamplingFields(StrictJSON):
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsParams | None = None
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    logit_bias: dict[int, float] | None = None  # OpenAI's; JSON keys are token ids as strings
 
 
 class CompletionRequest(SamplingFields):
@@ -266,6 +267,10 @@ def sampling_params(
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens,
             structured_outputs=structured,
+            # vLLM clamps each bias to [-100, 100]
+            logit_bias={k: min(100.0, max(-100.0, v)) for k, v in req.logit_bias.items()}
+            if req.logit_bias
+            else None,
         )
     except ValueError as exc:
         raise OpenAIError(400, str(exc)) from None

@@ -41,7 +41,7 @@ from backend.server.request_body import body_schema, json_body
 from backend.server.responses import ChatFormatter, ResponseFormatter
 from backend.server.structured import structured_outputs_params
 from backend.server.tool_parsers import ToolParser
-from backend.server.tools import resolve_tool_choice, tool_constraint, tool_parser
+from backend.server.tools import harmony_tool_constraint, resolve_tool_choice, tool_constraint, tool_parser
 
 if TYPE_CHECKING:
     from backend.engine.async_llm import AsyncLLM
@@ -180,13 +180,18 @@ async def prepare_chat(
     /v1/chat/completions and /v1/responses both go through here."""
     check_tools(req.tools)
     tool_choice = resolve_tool_choice(req.tools, req.tool_choice)
-    parser: ToolParser | None = tool_parser(tool_choice, ctx.tool_call_parser, ctx.enable_auto_tool_choice)
+    harmony = HarmonyTokens.of(engine.tokenizer) is not None
+    parser = tool_parser(tool_choice, ctx.tool_call_parser, ctx.enable_auto_tool_choice, harmony)
     structured = structured_outputs_params(req.response_format, req.structured_outputs)
     param = "structured_outputs" if req.structured_outputs else "response_format"
     if tool_choice == "required" or not isinstance(tool_choice, str):
         if structured is not None:
             raise OpenAIError(400, "a forced tool_choice cannot be combined with " + param, param=param)
-        structured, param = tool_constraint(req.tools, tool_choice, req.parallel_tool_calls), "tools"
+        if harmony:
+            structured = harmony_tool_constraint(req.tools, tool_choice)
+        else:
+            structured = tool_constraint(req.tools, tool_choice, req.parallel_tool_calls)
+        param = "tools"
     limits.check_count(len(req.messages), "messages", "messages")
     limits.check_text(message_texts(req.messages, req.tools), "messages")
     ids = await engine.run_in_tokenizer(chat_prompt_ids, engine.tokenizer, req, chat_options(req))

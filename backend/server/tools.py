@@ -3,7 +3,9 @@
 ``tool_choice``: "none" (tools may be shown, never parsed), "auto" (the model decides; its output is
 parsed by the server's ``--tool-call-parser``, which needs ``--enable-auto-tool-choice``, as in vLLM),
 "required" (output constrained to vLLM's JSON list of calls over the tools' schemas) or a named function
-(output constrained to that function's parameters). Constrained calls always parse.
+(output constrained to that function's parameters). Constrained calls always parse. A model that speaks
+harmony (gpt-oss) is constrained to its own call shape instead: it may reason first, then writes one
+message to ``functions.NAME`` (``harmony_tool_constraint``), read back by the ``openai`` parser.
 
 Tools reach the model through its chat template (``apply_chat_template(tools=...)``). A template that
 does not render tools (no ``tools`` in its source) gets them as a Hermes-style system prompt, and the
@@ -19,7 +21,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from backend.engine.sampling_params import StructuredOutputsParams
 from backend.server.errors import OpenAIError
-from backend.server.tool_parsers import TOOL_PARSERS, NamedToolParser, RequiredToolParser, ToolParser
+from backend.server.tool_parsers import (
+    TOOL_PARSERS,
+    NamedToolParser,
+    OpenAIToolParser,
+    RequiredToolParser,
+    ToolParser,
+)
 
 HERMES_TOOLS_PROMPT = """# Tools
 
@@ -122,10 +130,38 @@ def tool_constraint(
     return StructuredOutputsParams(json=schema)
 
 
+def harmony_tool_constraint(
+    tools: list[Tool] | None, tool_choice: ToolChoice
+) -> StructuredOutputsParams | None:
+    """The grammar that makes "required" and named calls always parse for a harmony model (gpt-oss), in
+    the shape it was trained to write (OpenAI's harmony format): an optional analysis message (its
+    reasoning, unconstrained), then one commentary message to ``functions.NAME``, constrained to json,
+    whose text is the arguments, closed by ``<|call|>`` (where harmony stops: one call per turn). None for
+    "none" and "auto". Names are ``[A-Za-z0-9_.-]`` (FunctionDefinition), safe in a Lark string."""
+    if isinstance(tool_choice, NamedToolChoice):
+        functions = [t.function for t in tools or [] if t.function.name == tool_choice.function.name]
+    elif tool_choice == "required":
+        functions = [t.function for t in tools or []]
+    else:
+        return None
+    rules = [
+        "start: analysis? (" + " | ".join(f"call_{i}" for i in range(len(functions))) + ")",
+        'analysis: <|channel|> "analysis" <|message|> THINK <|end|> <|start|> "assistant"',
+        "THINK: /(?s:.*)/",
+    ]
+    for i, function in enumerate(functions):
+        head = f'<|channel|> "commentary to=functions.{function.name} " <|constrain|> "json" <|message|>'
+        rules += [f"call_{i}: {head} args_{i} <|call|>", f"args_{i}: %json {json.dumps(function.parameters)}"]
+    return StructuredOutputsParams(grammar="\n".join(rules))
+
+
 def tool_parser(
-    tool_choice: ToolChoice, parser_name: str | None, enable_auto_tool_choice: bool
+    tool_choice: ToolChoice, parser_name: str | None, enable_auto_tool_choice: bool, harmony: bool = False
 ) -> ToolParser | None:
-    """How to read tool calls out of the output of a request with this tool_choice."""
+    """How to read tool calls out of the output of a request with this tool_choice; a forced call from a
+    harmony model (``harmony``) is a harmony message, read by the ``openai`` parser whatever the server's."""
+    if harmony and (tool_choice == "required" or isinstance(tool_choice, NamedToolChoice)):
+        return OpenAIToolParser()
     if isinstance(tool_choice, NamedToolChoice):
         return NamedToolParser(tool_choice.function.name)
     if tool_choice == "required":

@@ -104,6 +104,41 @@ def test_frequency_and_presence_penalties_change_repeats(penalty):
     assert_engine_clean(flat)
 
 
+def test_logit_bias_matches_transformers_sequence_bias(llm):
+    """OpenAI's logit_bias against transformers' SequenceBiasLogitsProcessor (generate's sequence_bias,
+    one-token sequences): a small bias on the 3rd and 5th greedy tokens and a ban on the 1st change the
+    greedy output the same way; the logprobs returned stay the raw model's (vLLM's)."""
+    model = tiny_model(ARCH)[1]
+    prompt = prompts(seed=16)[2]
+    plain = greedy_ids(llm, prompt, 20)
+    bias = {plain[2]: 4.0, plain[4]: 2.5, plain[0]: -100.0}
+    with torch.inference_mode():
+        ref = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=20,
+            do_sample=False,
+            sequence_bias={(token,): value for token, value in bias.items()},
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
+    params = SamplingParams(temperature=0.0, max_tokens=20, logit_bias=bias, logprobs=0)
+    out = llm.generate(prompt, params)[0].outputs[0]
+    assert out.token_ids == ref and ref != plain and ref[0] != plain[0]
+    with torch.inference_mode():
+        raw = model(torch.tensor([prompt])).logits[0, -1].log_softmax(-1)
+    first = out.token_ids[0]
+    assert out.logprobs[0][first].logprob == pytest.approx(float(raw[first]), abs=1e-4)
+
+
+def test_logit_bias_out_of_range_is_refused_before_the_engine_sees_it(llm):
+    vocab = llm.llm_engine.runner.model.args.vocab_size
+    with pytest.raises(ValueError, match=f"logit_bias token id {vocab} is out of vocabulary"):
+        llm.generate([1, 2, 3], SamplingParams(max_tokens=2, logit_bias={vocab: 1.0}))
+    for bad in ({-1: 1.0}, {5: 101.0}, {5: float("nan")}, {5: True}):
+        with pytest.raises(ValueError, match="logit_bias must map"):
+            SamplingParams(logit_bias=bad)
+    assert_engine_clean(llm)
+
+
 def test_stop_string_across_token_boundaries_is_excluded(llm):
     prompt = prompts(seed=14)[3]
     full = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=24))[0].outputs[0]

@@ -13,7 +13,8 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from backend.engine.outputs import CompletionOutput, RequestOutput
-from backend.engine.sampling_params import SamplingParams
+from backend.engine.sampling_params import SamplingParams, StructuredOutputsParams
+from backend.engine.structured_output import StructuredOutputManager
 from backend.server.chat_prompt import chat_options, chat_prompt_ids
 from backend.server.errors import OpenAIError
 from backend.server.harmony import HarmonyParser, HarmonyTokens
@@ -24,6 +25,7 @@ from backend.server.responses_protocol import ResponsesRequest
 from backend.server.responses_stream import ResponsesEvents
 from backend.server.serving import harmony_stop
 from backend.server.tool_parsers import OpenAIToolParser, ParsedCall
+from backend.server.tools import NamedToolChoice, Tool, harmony_tool_constraint, tool_parser
 from tests.engine_utils import tokenizer_dir
 from tests.harmony_utils import TOOLS, harmony_tokenizer
 
@@ -232,3 +234,40 @@ def test_several_calls_in_one_turn_each_render_with_their_own_result(tokenizer):
         f'{head}{{"city": "Oslo"}}<|call|>{result}"snow"<|end|><|start|>assistant'
     )
     assert prompt.endswith(expected)
+
+
+def accepts(tokenizer, grammar: str, text: str) -> bool:
+    """llguidance (the server's structured-output engine) over the harmony tokenizer: is text a whole
+    sentence of the grammar?"""
+    manager = StructuredOutputManager(tokenizer, len(tokenizer), tokenizer.eos_token_id)
+    matcher = manager.compile(StructuredOutputsParams(grammar=grammar)).deep_copy()
+    ids = ids_of(tokenizer, text)
+    return all(matcher.consume_token(i) for i in ids) and matcher.is_accepting()
+
+
+def test_a_forced_call_is_held_to_harmony_call_shape(tokenizer):
+    """harmony_tool_constraint: OpenAI's documented call (reasoning first or not) parses; another function
+    than the named one, arguments outside the schema, or a plain JSON answer do not; "auto" and "none"
+    have no constraint, and a forced call on a harmony model is read by the openai parser."""
+    tools = [Tool.model_validate(t) for t in TOOLS]
+    required = harmony_tool_constraint(tools, "required")
+    named = harmony_tool_constraint(
+        tools, NamedToolChoice.model_validate({"function": {"name": "get_weather"}})
+    )
+    assert required is not None and named is not None and required.grammar and named.grammar
+    call = (
+        '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>'
+    )
+    thought = "<|channel|>analysis<|message|>Need the weather.\nUse <tool>.<|end|><|start|>assistant"
+    for grammar in (required.grammar, named.grammar):
+        assert accepts(tokenizer, grammar, call) and accepts(tokenizer, grammar, thought + call)
+        assert not accepts(tokenizer, grammar, call.replace('"city"', '"town"'))
+        assert not accepts(tokenizer, grammar, '[{"name": "get_weather", "parameters": {"city": "Paris"}}]')
+    other = harmony_tool_constraint(
+        [*tools, Tool.model_validate({"function": {"name": "get_time"}})],
+        NamedToolChoice.model_validate({"function": {"name": "get_time"}}),
+    )
+    assert other is not None and other.grammar and not accepts(tokenizer, other.grammar, call)
+    assert harmony_tool_constraint(tools, "auto") is None and harmony_tool_constraint(tools, "none") is None
+    assert isinstance(tool_parser("required", None, False, harmony=True), OpenAIToolParser)
+    assert not isinstance(tool_parser("required", None, False), OpenAIToolParser)

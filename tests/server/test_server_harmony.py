@@ -15,6 +15,7 @@ import re
 import pytest
 from openai import OpenAI
 
+from backend.server.tools import NamedToolChoice, Tool, harmony_tool_constraint
 from tests.gpt_oss_utils import tiny_gpt_oss
 from tests.harmony_utils import HARMONY_GRAMMAR, TOOLS, harmony_tokenizer
 from tests.server_utils import ServeProcess
@@ -287,3 +288,84 @@ def test_responses_carry_the_analysis_as_a_reasoning_item_whole_and_streamed(cli
     assert (thought, text) == (expected["reasoning"], expected["content"])
     assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.done")
     assert kinds[-1] == "response.completed"
+
+
+TWO_TOOLS = [
+    *TOOLS,
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "The local time in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"zone": {"type": "string"}},
+                "required": ["zone"],
+            },
+        },
+    },
+]
+FORCED_CALL = re.compile(
+    r"(?:<\|channel\|>analysis<\|message\|>(?P<reasoning>.*)<\|end\|><\|start\|>assistant)?"
+    r"<\|channel\|>commentary to=functions\.(?P<name>[a-z_]+) <\|constrain\|>json<\|message\|>"
+    r"(?P<arguments>\{.*\})<\|call\|>",
+    re.DOTALL,
+)
+
+
+# a random model never ends its reasoning by itself: a bias on <|end|> makes it end the analysis where the
+# grammar allows (elsewhere in the call the grammar masks <|end|> out)
+END_SOON = {str(harmony_tokenizer().convert_tokens_to_ids("<|end|>")): 100}
+
+
+def raw_forced_call(client, tool_choice) -> re.Match:
+    """The forced call as the model wrote it: the prompt with both tools, through /v1/completions under the
+    grammar the server builds for this tool_choice (harmony_tool_constraint), special tokens kept."""
+    tokenizer = harmony_tokenizer()
+    text = tokenizer.apply_chat_template(
+        MESSAGES, tools=TWO_TOOLS, add_generation_prompt=True, tokenize=False
+    )
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    choice = tool_choice if isinstance(tool_choice, str) else NamedToolChoice.model_validate(tool_choice)
+    constraint = harmony_tool_constraint([Tool.model_validate(t) for t in TWO_TOOLS], choice)
+    assert constraint is not None
+    extra = {"structured_outputs": {"grammar": constraint.grammar}, "skip_special_tokens": False}
+    raw = client.completions.create(
+        model="tiny-harmony", prompt=ids, max_tokens=200, temperature=0, logit_bias=END_SOON, extra_body=extra
+    )
+    found = FORCED_CALL.fullmatch(raw.choices[0].text)
+    assert found, raw.choices[0].text
+    return found
+
+
+@pytest.mark.parametrize(
+    "tool_choice",
+    ["required", {"type": "function", "function": {"name": "get_time"}}],
+    ids=["required", "named"],
+)
+def test_a_forced_tool_choice_is_a_harmony_call_read_back_as_a_tool_call(client, tool_choice):
+    """tool_choice "required" or a named function on a harmony model: the output is held to gpt-oss's own
+    call shape (its reasoning free, then one commentary message to functions.NAME with JSON arguments),
+    not to a bare JSON list, and the call comes back as tool_calls although the request is not "auto"."""
+    expected = raw_forced_call(client, tool_choice)
+    reply = client.chat.completions.create(
+        model="tiny-harmony",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        tools=TWO_TOOLS,  # type: ignore[arg-type]
+        tool_choice=tool_choice,
+        max_tokens=200,
+        temperature=0,
+        logit_bias=END_SOON,
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    reasoning = choice.message.reasoning_content  # type: ignore[attr-defined]
+    assert (reasoning or "") == (expected["reasoning"] or "")
+    (call,) = choice.message.tool_calls or []
+    assert (call.function.name, call.function.arguments) == (expected["name"], expected["arguments"])
+    if tool_choice != "required":
+        assert call.function.name == "get_time"
+    schema = next(
+        t["function"]["parameters"] for t in TWO_TOOLS if t["function"]["name"] == call.function.name
+    )
+    assert set(json.loads(call.function.arguments)) == set(schema["required"])

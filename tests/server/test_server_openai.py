@@ -197,6 +197,31 @@ def test_client_dropping_a_non_streaming_request_frees_its_blocks(served):
     wait_until(lambda: idle(engine) and engine.stats().num_kv_blocks_used == 0, what="the abort")
 
 
+def test_logit_bias_steers_chat_and_completions_as_openai_defines_it(client, served):
+    """logit_bias through the openai client (JSON keys are token ids as strings): a ban on the greedy reply's
+    first token changes it and the new first token is the raw model's second choice; +100 on a token makes
+    every generated token that one; a bias beyond 100 is clamped (vLLM), an unknown token id is a 400."""
+    plain = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=1, temperature=0, logprobs=True, top_logprobs=2
+    )
+    first, second = plain.choices[0].logprobs.content[0].top_logprobs
+    tokenizer = served[0].tokenizer
+    first_id = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(first.token))[0]
+    banned = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=1, temperature=0, logit_bias={str(first_id): -100}
+    )
+    assert plain.choices[0].message.content == first.token
+    assert banned.choices[0].message.content == second.token != first.token
+    comma = tokenizer.convert_tokens_to_ids(",")
+    forced = client.completions.create(
+        model=MODEL, prompt="Count:", max_tokens=6, temperature=0, logit_bias={str(comma): 150}
+    )
+    assert forced.choices[0].text == "," * 6
+    with pytest.raises(openai.BadRequestError, match="logit_bias token id 99999999 is out of vocabulary"):
+        client.completions.create(model=MODEL, prompt="Count:", max_tokens=2, logit_bias={"99999999": 1})
+    assert idle(served[0]) and served[0].stats().num_kv_blocks_used == 0
+
+
 @pytest.mark.parametrize(
     ("body", "status", "words"),
     [
