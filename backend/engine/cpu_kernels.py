@@ -61,6 +61,13 @@ QUANT_GEMM_TYPES = ("q4_0", "q4_1", "q8_0")  # quant_gemm: bf16 activations, bui
 # csrc/q6_k_gemm.cpp: quant_gemm_q6_k_{f32,bf16} in every build, 1..Q6_K_GEMM_MAX_ROWS rows (quant_gemv's up
 # to QUANT_GEMV_MAX_ROWS): the Q6_K output matrix of llama-quantize's mixes in a batched decode step
 Q6_K_GEMM_MAX_ROWS = 64
+Q6_K_PATHS = ("portable", "lanes", "int8")  # quant_gemm_q6_k_{path}_bf16: one path at any rows
+# csrc/int8_dot.h (AVX512_VNNI builds): bf16 activations rounded to int8 per block, integer dot products,
+# from these rows (interleaved_gemm_q4_0 for GGUF Q4_0, quant_gemm_q6_k_bf16): python -m
+# benchmarks.int8_bench on a 2-core EPYC (1 thread): Llama-3.2-1B's Q4_0 layers 0.77x at 2 rows, 0.80x at 3,
+# 1.34-1.59x at 4-64; its Q6_K lm_head 1.10x at 2 rows, 1.77-2.42x at 4-16 (docs/int8_activations.md)
+INT8_Q4_0_MIN_ROWS = 4
+INT8_Q6_K_MIN_ROWS = 2
 # csrc/interleaved.cpp (bf16 activations, AVX512_BF16 builds): GGUF types, then packed kinds (group_scales)
 INTERLEAVED_TYPES = ("q4_0", "q4_1", "q8_0", "w4", "w4_zp", "w8", "w8_zp", "fp8", "mxfp4")
 INTERLEAVED_SIGNATURE = [PTR] * 4 + [INT] * 4 + [PTR, INT]  # x, w, bias, y, rows, n, k, ldy, groups, fp32 y
@@ -225,10 +232,13 @@ def _open(path: Path) -> ctypes.CDLL:
         library.packed_bf16_dot.restype = ctypes.c_int
         library.quant_gemm_max_rows.restype = ctypes.c_int
         library.quant_gemm_q6_k_max_rows.restype = ctypes.c_int
-        for variant in ("f32", "bf16", "portable_bf16", "lanes_bf16"):
+        for variant in ("f32", "bf16", "portable_bf16", "lanes_bf16", "int8_bf16"):
             name = f"quant_gemm_q6_k_{variant}"
             getattr(library, name).argtypes = QUANT_SIGNATURES["quant_gemv"]
             getattr(library, name).restype = None
+        library.int8_dot_available.restype = ctypes.c_int
+        library.int8_dot_set_rows.argtypes = [INT, INT]
+        library.int8_dot_set_rows.restype = None
         if library.quant_gemm_q6_k_max_rows() != Q6_K_GEMM_MAX_ROWS:
             raise AttributeError("quant_gemm_q6_k_max_rows differs from Q6_K_GEMM_MAX_ROWS")
         if library.quant_gemm_max_rows():
@@ -239,6 +249,7 @@ def _open(path: Path) -> ctypes.CDLL:
         raise KernelsUnavailable(f"{path} lacks a kernel: {exc}") from None
     library.gemm_amx_set_min_rows(gemm_amx_min_rows(library))
     library.interleaved_amx_set_min_rows(interleaved_amx_min_rows(library))
+    library.int8_dot_set_rows(*int8_dot_rows(library))
     return library
 
 
@@ -573,11 +584,11 @@ def quant_gemm(
     qtype: str,  # QUANT_GEMM_TYPES (bf16 x) or q6_k (fp32 or bf16 x)
     bias: torch.Tensor | None,  # [n], x's dtype
     out: torch.Tensor,  # [rows, >= n] view of a contiguous [rows, ldy] tensor: columns 0..n-1 written
-    path: str = "",  # q6_k, bf16 x, one path at any rows (tests, benches): "portable" or "lanes"
+    path: str = "",  # q6_k, bf16 x, one path at any rows (tests, benches): "portable", "lanes" or "int8"
 ) -> None:
     assert x.is_contiguous() and x.shape[0] <= quant_gemm_rows(qtype, x.dtype)
     assert out.stride(1) == 1
-    assert not path or (qtype == "q6_k" and x.dtype == torch.bfloat16 and path in ("portable", "lanes"))
+    assert not path or (qtype == "q6_k" and x.dtype == torch.bfloat16 and path in Q6_K_PATHS)
     suffix = f"{path}_bf16" if path else SUFFIX[x.dtype]
     _call_quant_matmul(f"quant_gemm_{qtype}_{suffix}", x, data, bias, out)
 
@@ -700,6 +711,27 @@ def gemm_amx_min_rows(library: ctypes.CDLL | None = None) -> int:
 def interleaved_amx_min_rows(library: ctypes.CDLL | None = None) -> int:
     """The same for the interleaved quantized GEMM (PLAYGROUND_INTERLEAVED_AMX_MIN_ROWS)."""
     return _amx_min_rows(library, "PLAYGROUND_INTERLEAVED_AMX_MIN_ROWS", INTERLEAVED_AMX_MIN_ROWS)
+
+
+def int8_dot_available(library: ctypes.CDLL | None = None) -> bool:
+    """Whether this build has csrc/int8_dot.h's int8-activation kernels (AVX512_VNNI and AVX512BW)."""
+    library = library or load_library()
+    return library is not None and library.int8_dot_available() == 1
+
+
+def int8_dot_rows(library: ctypes.CDLL | None = None) -> tuple[int, int]:
+    """From which rows (Q4_0 interleaved, Q6_K) the kernels round bf16 activations to int8: (0, 0) where the
+    build lacks AVX512_VNNI or PLAYGROUND_INT8_DOT=0 (the exact bf16 paths)."""
+    if os.environ.get("PLAYGROUND_INT8_DOT", "1") == "0" or not int8_dot_available(library):
+        return 0, 0
+    return INT8_Q4_0_MIN_ROWS, INT8_Q6_K_MIN_ROWS
+
+
+def set_int8_dot_rows(q4_0: int, q6_k: int) -> None:
+    """Set from which rows the int8 paths run (0: never) in this process (benches, tests)."""
+    library = load_library()
+    assert library is not None, "called only where the kernels are built"
+    library.int8_dot_set_rows(q4_0, q6_k)
 
 
 def _amx_min_rows(library: ctypes.CDLL | None, variable: str, default: int) -> int:

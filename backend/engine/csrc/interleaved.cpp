@@ -22,12 +22,15 @@
 // loop, so a strip of V panels comes from memory once, and its first row tile prefetches the next strip
 // (the weights stream from DRAM every decode step). One OpenMP region a call, panels split evenly.
 // Act-order weights (a perm in Groups) multiply x with its columns permuted, inside the call. On CPUs
-// with AMX, calls of many rows run on its tiles instead (csrc/interleaved_amx.h), the same function.
+// with AMX, calls of many rows run on its tiles instead (csrc/interleaved_amx.h), the same function. GGUF
+// Q4_0 on CPUs with AVX512_VNNI, from int8_rows.q4_0 rows, rounds x to int8 first (csrc/interleaved_int8.h).
 // interleaved_available() is 0 where the build (-march) lacks AVX512_BF16 (the layout is not used
 // there). Built and loaded by backend/engine/cpu_kernels.py.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "dtypes.h"
@@ -171,6 +174,7 @@ void decode_panel(const Call &c, int64_t panel, uint16_t *out) {
 }  // namespace
 
 #include "interleaved_amx.h"  // many rows on AMX tiles (AMX CPUs)
+#include "interleaved_int8.h"  // GGUF Q4_0 with int8 activations (AVX512_VNNI)
 
 namespace {
 
@@ -221,6 +225,8 @@ void gemm(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, void *y, in
     const int64_t group_blocks = groups ? groups->group_size / 32 : 1;
     const Call c{x, w, bias, y, sums.data(), rows, n, k, ldy, float_out != 0, groups, head, head + B::CHUNKS * 32,
                  group_blocks};
+    if constexpr (std::is_same_v<B, Q4_0>)
+        if (head == 32 && int8_gemm_q4_0(c)) return;  // GGUF Q4_0 (not "w4"), from int8_rows.q4_0 rows
 #pragma omp parallel if (panels > 1)
     {
         const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();

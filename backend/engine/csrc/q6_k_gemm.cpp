@@ -10,8 +10,10 @@
 //   - otherwise (AVX-512 without bf16, AVX2+FMA, plain C++; fp32 x or bf16 x widened once): J output
 //     columns decoded to fp32 (Q6_K::decode) into a per-thread buffer, then R rows x J columns of fp32
 //     products in vector registers (quant_vec.h)
-// Both are parallel over output columns with the engine's OpenMP threads. llama.cpp instead quantizes x to
-// Q8_K and uses integer dot products (ggml-cpu/arch/x86/quants.c ggml_vec_dot_q6_K_q8_K).
+//   - bf16 x where the build has AVX512_VNNI (INT8_DOT, csrc/q6_k_int8.h), from int8_rows.q6_k rows: x
+//     quantized to int8 per super-block as llama.cpp's Q8_K (ggml_vec_dot_q6_K_q8_K), VPDPBUSD on the
+//     unsigned 6-bit integers; not the same function (x rounded to 8 bits, csrc/int8_dot.h's bound)
+// All are parallel over output columns with the engine's OpenMP threads.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -20,6 +22,7 @@
 #include "dtypes.h"
 #include "q6_k.h"
 #include "quant_vec.h"
+#include "q6_k_int8.h"
 #include "quantized_bf16.h"
 
 extern "C" void quant_gemv_q6_k_f32(const float *x, const uint8_t *w, const float *bias, float *y, int64_t rows,
@@ -224,6 +227,9 @@ extern "C" void quant_gemm_q6_k_f32(const float *x, const uint8_t *w, const floa
 
 extern "C" void quant_gemm_q6_k_bf16(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, BFloat16 *y,
                                      int64_t rows, int64_t n, int64_t k, int64_t ldy) {
+#if defined(INT8_DOT)
+    if (int8_rows.q6_k > 0 && rows >= int8_rows.q6_k) return q6_int8::gemm(x, w, bias, y, rows, n, k, ldy);
+#endif
 #if defined(BF16_DOT)
     if (rows <= BF16_GEMV_ROWS) return quant_gemv_q6_k_bf16(x, w, bias, y, rows, n, k, ldy);
     bf16_gemm(x, w, bias, y, rows, n, k, ldy);
@@ -233,8 +239,9 @@ extern "C" void quant_gemm_q6_k_bf16(const BFloat16 *x, const uint8_t *w, const 
 #endif
 }
 
-// one path at any rows, for tests (every path computes the same) and kernel_bench (where GEMV_ROWS lies):
-// the portable one whatever the build, and the build's past-quant_gemv one (bf16 lanes or portable)
+// one path at any rows, for tests and benches (where GEMV_ROWS lies): the portable one whatever the build, the
+// build's past-quant_gemv bf16 one (bf16 lanes or portable), the int8 one (where built; else bf16 lanes or
+// portable). The first two compute the same function; int8 rounds x to 8 bits first
 extern "C" void quant_gemm_q6_k_portable_bf16(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, BFloat16 *y,
                                               int64_t rows, int64_t n, int64_t k, int64_t ldy) {
     portable_gemm(x, w, bias, y, rows, n, k, ldy);
@@ -247,3 +254,20 @@ extern "C" void quant_gemm_q6_k_lanes_bf16(const BFloat16 *x, const uint8_t *w, 
     portable_gemm(x, w, bias, y, rows, n, k, ldy);
 #endif
 }
+extern "C" void quant_gemm_q6_k_int8_bf16(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, BFloat16 *y,
+                                          int64_t rows, int64_t n, int64_t k, int64_t ldy) {
+#if defined(INT8_DOT)
+    q6_int8::gemm(x, w, bias, y, rows, n, k, ldy);
+#else
+    quant_gemm_q6_k_lanes_bf16(x, w, bias, y, rows, n, k, ldy);
+#endif
+}
+
+#if defined(INT8_DOT)
+extern "C" int int8_dot_available() { return 1; }
+#else
+extern "C" int int8_dot_available() { return 0; }
+#endif
+// from which rows interleaved_gemm_q4_0 and quant_gemm_q6_k_bf16 take their int8 paths (0: never; ignored
+// where int8_dot_available() is 0)
+extern "C" void int8_dot_set_rows(int64_t q4_0, int64_t q6_k) { int8_rows = {q4_0, q6_k}; }

@@ -1,0 +1,110 @@
+"""The int8-activation kernels (csrc/int8_dot.h) beside the bf16 ones they replace, in one process:
+
+    python -m benchmarks.int8_bench                               # Llama-3.2-1B's shapes, 2-64 rows
+    python -m benchmarks.int8_bench --rows 16 --threads 2 --repeat 5
+
+A decode step of Llama-3.2-1B's matrices as llama-quantize's Q4_0 mix stores them (16 layers of Q4_0 q/k/v,
+o, gate/up and down, interleaved as the engine lays them out; a Q6_K lm_head), random blocks with sane
+scales. The layers' weights rotate through copies (about 140 MB, 4x the L3 cache here) and the lm_head is
+215 MB, so they come from DRAM as in a decode step. Each line is the best of --repeat steps (after one
+untimed) of the bf16 kernels (int8 paths off) and of the int8 ones, and their ratio (bf16 time / int8 time:
+above 1, int8 is faster); cpu_kernels.INT8_Q4_0_MIN_ROWS / INT8_Q6_K_MIN_ROWS are chosen from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+
+from backend.engine import cpu_kernels
+from backend.engine.quantization.gguf_reader import QuantizedWeight
+from backend.engine.quantization.interleaved import Interleaved, interleave
+
+HIDDEN, INTERMEDIATE, KV, VOCAB, LAYERS = 2048, 8192, 512, 128256, 16  # Llama-3.2-1B's config.json
+LAYER_SHAPES = {"qkv": (HIDDEN + 2 * KV, HIDDEN), "o": (HIDDEN, HIDDEN), "gate_up": (2 * INTERMEDIATE, HIDDEN)}
+LAYER_SHAPES["down"] = (HIDDEN, INTERMEDIATE)
+COPIES = 4  # layer copies the steps rotate through
+HALF_ONE_256TH = 0x1C00  # fp16 2^-8: a sane block scale (random bytes would hold NaNs and infinities)
+
+
+def random_weight(qtype: str, n: int, k: int, generator: torch.Generator) -> QuantizedWeight:
+    """GGUF blocks of random bytes, each block's fp16 d set to 2^-8 (Q4_0: bytes 0-1, Q6_K: 208-209)."""
+    block_bytes, block_size, d_at = {"q4_0": (18, 32, 0), "q6_k": (210, 256, 208)}[qtype]
+    data = torch.randint(0, 256, (n, k // block_size, block_bytes), dtype=torch.uint8, generator=generator)
+    data[..., d_at] = HALF_ONE_256TH & 0xFF
+    data[..., d_at + 1] = HALF_ONE_256TH >> 8
+    return QuantizedWeight(qtype, data.view(n, -1), (n, k))
+
+
+def step_calls(
+    rows: int, layers: list[dict[str, Interleaved]], lm_head: QuantizedWeight
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """One decode step's matrix products for rows sequences: (the 16 layers', the lm_head's)."""
+    x = {name: torch.randn(rows, shape[1]).bfloat16() for name, shape in LAYER_SHAPES.items()}
+    out = {name: torch.empty(rows, shape[0], dtype=torch.bfloat16) for name, shape in LAYER_SHAPES.items()}
+    head_x, logits = torch.randn(rows, HIDDEN).bfloat16(), torch.empty(rows, VOCAB, dtype=torch.bfloat16)
+
+    def layer_products() -> None:
+        for layer in range(LAYERS):
+            for name, part in layers[layer % len(layers)].items():
+                cpu_kernels.interleaved_gemm(x[name], part, None, out[name])
+
+    def head_product() -> None:
+        cpu_kernels.quant_gemm(head_x, lm_head.data, "q6_k", None, logits)
+
+    return layer_products, head_product
+
+
+def best_ms(step: Callable[[], None], repeat: int) -> float:
+    step()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e3
+
+
+def main(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    if not cpu_kernels.interleaved_available() or not cpu_kernels.int8_dot_available():
+        print(f"no int8 kernels in this build ({cpu_kernels.build_flags()})")
+        return 1
+    generator = torch.Generator().manual_seed(0)
+    layers = [
+        {name: interleave(random_weight("q4_0", *shape, generator)) for name, shape in LAYER_SHAPES.items()}
+        for _ in range(COPIES)
+    ]
+    lm_head = random_weight("q6_k", VOCAB, HIDDEN, generator)
+    print(f"{args.threads} threads, {cpu_kernels.build_flags()}")
+    print("rows   layers: bf16     int8  ratio   lm_head: bf16     int8  ratio   step ratio")
+    for rows in args.rows:
+        layer_products, head_product = step_calls(rows, layers, lm_head)
+        ms = {}
+        for path, setting in (("bf16", (0, 0)), ("int8", (1, 1))):
+            cpu_kernels.set_int8_dot_rows(*setting)
+            ms[path] = best_ms(layer_products, args.repeat), best_ms(head_product, args.repeat)
+        (layers_bf16, head_bf16), (layers_int8, head_int8) = ms["bf16"], ms["int8"]
+        print(
+            f"{rows:>4} {layers_bf16:>11.1f} {layers_int8:>8.1f} {layers_bf16 / layers_int8:6.2f}"
+            f" {head_bf16:>13.1f} {head_int8:>8.1f} {head_bf16 / head_int8:6.2f}"
+            f" {(layers_bf16 + head_bf16) / (layers_int8 + head_int8):12.2f}",
+            flush=True,
+        )
+    cpu_kernels.set_int8_dot_rows(*cpu_kernels.int8_dot_rows())
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[2, 3, 4, 8, 16, 32, 64])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3, help="timed steps per figure (the best is shown)")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(parse_args()))
