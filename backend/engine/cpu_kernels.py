@@ -68,6 +68,7 @@ Q6_K_PATHS = ("portable", "lanes", "int8")  # quant_gemm_q6_k_{path}_bf16: one p
 # 1.34-1.59x at 4-64; its Q6_K lm_head 1.10x at 2 rows, 1.77-2.42x at 4-16 (docs/int8_activations.md)
 INT8_Q4_0_MIN_ROWS = 4
 INT8_Q6_K_MIN_ROWS = 2
+INT8_MAX_ROWS = 64  # csrc/int8_dot.h Int8Rows::MAX_ROWS: batched decode steps, not prefill chunks
 # csrc/interleaved.cpp (bf16 activations, AVX512_BF16 builds): GGUF types, then packed kinds (group_scales)
 INTERLEAVED_TYPES = ("q4_0", "q4_1", "q8_0", "w4", "w4_zp", "w8", "w8_zp", "fp8", "mxfp4")
 INTERLEAVED_SIGNATURE = [PTR] * 4 + [INT] * 4 + [PTR, INT]  # x, w, bias, y, rows, n, k, ldy, groups, fp32 y
@@ -725,6 +726,13 @@ def int8_dot_rows(library: ctypes.CDLL | None = None) -> tuple[int, int]:
     if os.environ.get("PLAYGROUND_INT8_DOT", "1") == "0" or not int8_dot_available(library):
         return 0, 0
     return INT8_Q4_0_MIN_ROWS, INT8_Q6_K_MIN_ROWS
+
+
+def takes_int8(qtype: str, rows: int) -> bool:
+    """Whether a product of rows bf16 rows with GGUF qtype weights (Q4_0 interleaved, Q6_K) takes the int8
+    path as set at load (Q4_0 on CPUs with AMX: calls of AMX rows stay on the tiles, exact)."""
+    first = dict(zip(("q4_0", "q6_k"), int8_dot_rows(), strict=True)).get(qtype, 0)
+    return 0 < first <= rows <= INT8_MAX_ROWS
 
 
 def set_int8_dot_rows(q4_0: int, q6_k: int) -> None:

@@ -23,9 +23,11 @@ from backend.engine import LLM, SamplingParams, cpu_kernels
 from backend.engine.quantization.gguf_blocks import KEPT_TYPES
 from backend.engine.quantization.gguf_blocks import dequantize as torch_dequantize
 from backend.engine.quantization.gguf_reader import QuantizedWeight
+from backend.engine.quantization.interleaved import Interleaved
 from backend.engine.quantization.quantized_linear import QuantizedLinear, Scratch, dequantize_part
 from tests.common_utils import ROOT
 from tests.engine_utils import assert_engine_clean, count_identical_within_top5
+from tests.gemm_utils import within_int8_error
 from tests.gguf_utils import Q, random_blocks, write_tiny_gguf
 
 CPU = cpu_features()  # the flags that decide which instruction-set builds run here
@@ -123,7 +125,7 @@ def test_q6_k_gemm_matches_gguf_py(path, dtype):
     filled lanes and row tiles) and at its ends: within fp32 summation error of the exact product with
     gguf-py's dequantization (plus bf16's rounding of the output), bias included, nothing past column 37
     written. "portable" and "lanes" force one path at any rows (on a build without AVX512_BF16 both are the
-    portable one)."""
+    portable one); bf16 rows that take the int8 path (AVX512_VNNI) within its bound (test_int8_dot.py)."""
     n, k = 37, 768
     data = torch.from_numpy(random_blocks(Q.Q6_K, n, k, np.random.default_rng(4)))
     reference = torch.from_numpy(dequantize(data.numpy(), Q.Q6_K)).reshape(n, k)
@@ -132,7 +134,10 @@ def test_q6_k_gemm_matches_gguf_py(path, dtype):
         x = torch.randn(rows, k).to(dtype)
         out = torch.full((rows, n + 3), float("nan"), dtype=dtype)
         cpu_kernels.quant_gemm(x, data, "q6_k", bias, out, path=path)
-        assert_close_to_exact(out[:, :n], x, reference, bias)
+        if not path and dtype == torch.bfloat16 and cpu_kernels.takes_int8("q6_k", rows):  # x rounded to int8
+            assert within_int8_error(out[:, :n], x, reference, bias, block=256)
+        else:
+            assert_close_to_exact(out[:, :n], x, reference, bias)
         assert out[:, n:].isnan().all()
 
 
@@ -143,7 +148,10 @@ from backend.engine import cpu_kernels
 from backend.engine.quantization.gguf_blocks import KEPT_TYPES
 from tests.gguf_utils import random_blocks
 
+from tests.gemm_utils import within_int8_error
+
 print(cpu_kernels.build_flags())
+print("int8 dot products:", cpu_kernels.int8_dot_available())
 for qtype, name in KEPT_TYPES.items():
     data = random_blocks(qtype, 16, 512, np.random.default_rng(0))
     reference = torch.from_numpy(dequantize(data, qtype))
@@ -162,7 +170,10 @@ for qtype, name in KEPT_TYPES.items():
             else:
                 continue
             tolerance = 1e-4 if dtype == torch.float32 else 1e-2
-            assert torch.allclose(out.float(), expected, rtol=tolerance, atol=tolerance), (name, rows, dtype)
+            if dtype == torch.bfloat16 and name == "q6_k" and cpu_kernels.takes_int8(name, rows):
+                assert within_int8_error(out, x, reference, None, 256), (name, rows, dtype)
+            else:
+                assert torch.allclose(out.float(), expected, rtol=tolerance, atol=tolerance), (name, rows, dtype)
             if name == "q6_k" and dtype == torch.bfloat16:  # both of the build's paths past quant_gemv
                 for path in ("portable", "lanes"):
                     cpu_kernels.quant_gemm(x, torch.from_numpy(data), name, None, out, path=path)
@@ -173,18 +184,20 @@ for qtype, name in KEPT_TYPES.items():
 @needs_kernels
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("march", "width"),
+    ("march", "width", "int8"),
     [
-        ("haswell", "AVX2+FMA;"),
-        ("x86-64", "scalar;"),
+        ("haswell", "AVX2+FMA;", False),
+        ("x86-64", "scalar;", False),
         pytest.param(  # AVX-512 without bf16 dot products: bf16 activations converted to fp32
             "skylake-avx512",
             "AVX-512;",
+            False,  # no AVX512_VNNI
             marks=pytest.mark.skipif(not CPU.has_avx512, reason="no AVX-512"),
         ),
         pytest.param(
             "cooperlake",
             "AVX-512 (bf16 dot products);",
+            True,  # AVX512_VNNI: csrc/int8_dot.h's paths
             marks=pytest.mark.skipif(
                 not CPU.has(*AVX512_CORE, "avx512_vnni", "avx512_bf16"),
                 reason="no AVX-512 bf16",
@@ -192,13 +205,14 @@ for qtype, name in KEPT_TYPES.items():
         ),
     ],
 )
-def test_each_instruction_set_build_computes_the_same(march, width):
+def test_each_instruction_set_build_computes_the_same(march, width, int8):
     env = os.environ | {"PLAYGROUND_CPU_KERNELS_MARCH": march, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
         [sys.executable, "-c", CHECK_BUILD], env=env, capture_output=True, text=True, cwd=ROOT
     )
     assert result.returncode == 0, result.stderr
     assert f"quantized kernels: {width}" in result.stdout
+    assert f"int8 dot products: {int8}" in result.stdout  # built only for CPUs with AVX512_VNNI
 
 
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["kernels", "pytorch"])
@@ -221,9 +235,12 @@ def test_bf16_layer_each_batch_size(use_kernel):
         x = torch.randn(rows, COLS).bfloat16()
         out = layer(x)
         assert out.dtype == torch.bfloat16 and out.shape == (rows, 3 * ROWS)
-        torch.testing.assert_close(
-            out, F.linear(x.float(), weight, layer.bias.float()).bfloat16(), rtol=2**-7, atol=0.02
-        )
+        expected = F.linear(x.float(), weight, layer.bias.float()).bfloat16()
+        if isinstance(layer.parts[1], Interleaved) and cpu_kernels.takes_int8("q4_0", rows):
+            # the Q4_0 part's x rounded to int8 (csrc/int8_dot.h): within that rounding's bound
+            assert within_int8_error(out[:, 2 * ROWS :], x, dense[2], layer.bias[2 * ROWS :], block=32)
+            out, expected = out[:, : 2 * ROWS], expected[:, : 2 * ROWS]
+        torch.testing.assert_close(out, expected, rtol=2**-7, atol=0.02)
 
 
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["kernels", "pytorch"])

@@ -52,8 +52,12 @@ inline float quantize_block(const T *x, int n, int8_t *q, int32_t *sums) {
 }  // namespace int8dot
 #endif
 
-// from which rows each kernel takes its int8 path (0: never); set by cpu_kernels.py at load
+// from which rows each kernel takes its int8 path (0: never), up to MAX_ROWS (the batched decode shapes;
+// cpu_kernels.INT8_MAX_ROWS); set by cpu_kernels.py at load
 struct Int8Rows {
+    static constexpr int64_t MAX_ROWS = 64;
     int64_t q4_0 = 0, q6_k = 0;
+    bool q4_0_takes(int64_t rows) const { return q4_0 > 0 && rows >= q4_0 && rows <= MAX_ROWS; }
+    bool q6_k_takes(int64_t rows) const { return q6_k > 0 && rows >= q6_k && rows <= MAX_ROWS; }
 };
 inline Int8Rows int8_rows;  // C++17 inline variable: one for the whole library

@@ -9,7 +9,7 @@
 // A tile is one panel (16 output columns) times up to 16 rows of x over the whole of k: its 8 decoded
 // chunks serve every row (one decode a block, not one per tile of rows), the panel streams from memory once
 // (the first tile of rows prefetches the next panel). int8_gemm_q4_0 returns false where it does not
-// apply (packed kinds, rows below int8_rows.q4_0, calls on AMX tiles), and the bf16 path runs.
+// apply (packed kinds, rows outside int8_rows' range, calls on AMX tiles), and the bf16 path runs.
 #pragma once
 #include <cstdint>
 #include <cstdlib>
@@ -76,9 +76,9 @@ inline void int8_strips(const Call &c, const Int8X &x, int64_t first, int64_t la
     }
 }
 
-// interleaved GGUF Q4_0 with int8 x, from int8_rows.q4_0 rows: false (nothing written) where it does not apply
+// interleaved GGUF Q4_0 with int8 x (int8_rows.q4_0_takes): false (nothing written) where it does not apply
 inline bool int8_gemm_q4_0(const Call &c) {
-    if (c.groups || int8_rows.q4_0 <= 0 || c.rows < int8_rows.q4_0 || amx_rows(c)) return false;
+    if (c.groups || !int8_rows.q4_0_takes(c.rows) || amx_rows(c)) return false;
     const int64_t blocks = c.k / 32;
     std::vector<int8_t> q(c.rows * c.k);
     std::vector<float> d(c.rows * blocks);

@@ -228,7 +228,7 @@ extern "C" void quant_gemm_q6_k_f32(const float *x, const uint8_t *w, const floa
 extern "C" void quant_gemm_q6_k_bf16(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, BFloat16 *y,
                                      int64_t rows, int64_t n, int64_t k, int64_t ldy) {
 #if defined(INT8_DOT)
-    if (int8_rows.q6_k > 0 && rows >= int8_rows.q6_k) return q6_int8::gemm(x, w, bias, y, rows, n, k, ldy);
+    if (int8_rows.q6_k_takes(rows)) return q6_int8::gemm(x, w, bias, y, rows, n, k, ldy);
 #endif
 #if defined(BF16_DOT)
     if (rows <= BF16_GEMV_ROWS) return quant_gemv_q6_k_bf16(x, w, bias, y, rows, n, k, ldy);

@@ -1,0 +1,138 @@
+"""The int8-activation kernels (csrc/int8_dot.h: GGUF Q4_0 interleaved, csrc/interleaved_int8.h; Q6_K,
+csrc/q6_k_int8.h) against gguf-py's dequantization in fp64, within the stated bound of rounding each block
+of x to int8 (tests/gemm_utils.int8_error_bound), at 1, 2, 16 and 64 rows and the tails the engine sees
+(an odd number of blocks, output columns past the last full tile, rows past a full register of 16); and
+that the kernels take the int8 path exactly where the CPU has AVX512_VNNI and the rows are in range."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from gguf import dequantize
+
+from backend.cpu_features import cpu_features
+from backend.engine import cpu_kernels
+from backend.engine.quantization.gguf_reader import QuantizedWeight
+from backend.engine.quantization.interleaved import interleave
+from tests.gemm_utils import int8_error_bound, within_int8_error
+from tests.gguf_utils import Q, random_blocks
+
+needs_int8 = pytest.mark.skipif(
+    not cpu_kernels.supports(torch.device("cpu"), torch.bfloat16) or not cpu_kernels.int8_dot_available(),
+    reason="the kernels' build lacks AVX512_VNNI (no int8 paths)",
+)
+ROWS = (1, 2, 3, 4, 9, 16, 17, 33, 64)
+
+
+@pytest.fixture
+def int8_rows():
+    """Set the int8 paths' row thresholds for a test, then put the defaults back."""
+    yield cpu_kernels.set_int8_dot_rows
+    cpu_kernels.set_int8_dot_rows(*cpu_kernels.int8_dot_rows())
+
+
+def gguf_weight(qtype, n: int, k: int, seed: int) -> tuple[QuantizedWeight, torch.Tensor]:
+    data = random_blocks(qtype, n, k, np.random.default_rng(seed))
+    reference = torch.from_numpy(dequantize(data, qtype)).reshape(n, k)
+    return QuantizedWeight(qtype.name.lower(), torch.from_numpy(data), (n, k)), reference
+
+
+@needs_int8
+@pytest.mark.parametrize("k", [256, 768], ids=["1-super-block", "3-super-blocks"])
+def test_q6_k_int8_within_bound(k):
+    """37 output columns: 9 tiles of 4 and one column alone; rows in 1-4 lane groups of 16."""
+    weight, reference = gguf_weight(Q.Q6_K, 37, k, seed=k)
+    bias = torch.randn(37).bfloat16()
+    for rows in ROWS:
+        x = torch.randn(rows, k).bfloat16()
+        out = torch.full((rows, 40), float("nan"), dtype=torch.bfloat16)
+        cpu_kernels.quant_gemm(x, weight.data, "q6_k", bias, out, path="int8")
+        assert within_int8_error(out[:, :37], x, reference, bias, block=256), rows
+        assert out[:, 37:].isnan().all()
+        scale = x.abs().double() @ reference.abs().double().T
+        # the bound says something: d / 2 of a block of 256 normal values is about 1/90 of their mean |x|
+        assert (int8_error_bound(x, reference, 256) <= 0.03 * scale).all()
+
+
+@needs_int8
+@pytest.mark.parametrize("float_out", [False, True], ids=["bf16-out", "fp32-out"])
+def test_q4_0_interleaved_int8_within_bound(int8_rows, float_out):
+    """4 panels of 16 columns, 17 blocks a row (odd); fp32 out: the bf16 values widened (an lm_head)."""
+    weight, reference = gguf_weight(Q.Q4_0, 64, 544, seed=3)
+    interleaved = interleave(weight)
+    bias = torch.randn(64).bfloat16()
+    int8_rows(1, 0)  # the int8 path from 1 row
+    dtype = torch.float32 if float_out else torch.bfloat16
+    for rows in ROWS:
+        x = torch.randn(rows, 544).bfloat16()
+        out = torch.full((rows, 67), 7.0, dtype=dtype)
+        cpu_kernels.interleaved_gemm(x, interleaved, bias, out[:, :64])
+        assert within_int8_error(out[:, :64], x, reference, bias, block=32), rows
+        assert torch.equal(out[:, :64], out[:, :64].bfloat16().to(dtype))  # bf16 values
+        assert (out[:, 64:] == 7.0).all()
+
+
+@needs_int8
+def test_q4_0_int8_matches_the_bf16_path_closely(int8_rows):
+    """The two paths on the same call differ by int8's rounding of x only: well inside the bound, and
+    not identical (the int8 path did run)."""
+    weight, reference = gguf_weight(Q.Q4_0, 32, 2048, seed=4)
+    interleaved = interleave(weight)
+    x = torch.randn(16, 2048).bfloat16()
+    outs = []
+    for q4_0 in (1, 0):
+        int8_rows(q4_0, 0)
+        out = torch.empty(16, 32, dtype=torch.bfloat16)
+        cpu_kernels.interleaved_gemm(x, interleaved, None, out)
+        outs.append(out.double())
+    int8, bf16 = outs
+    assert not torch.equal(int8, bf16)
+    assert ((int8 - bf16).abs() <= 2 * int8_error_bound(x, reference, 32) + bf16.abs() * 2.0**-7).all()
+
+
+def test_int8_paths_only_where_the_cpu_has_vnni(monkeypatch):
+    """The build has them exactly where the CPU has AVX512_VNNI (and AVX512BW / VL, -march=native), and
+    they run from the documented rows unless PLAYGROUND_INT8_DOT=0."""
+    if not cpu_kernels.supports(torch.device("cpu"), torch.float32):
+        pytest.skip("no C++ compiler")
+    if "PLAYGROUND_CPU_KERNELS_MARCH" in os.environ:
+        pytest.skip("a build for another -march than this CPU's")
+    has_vnni = cpu_features().has("avx512_vnni", "avx512bw", "avx512vl", "avx512f")
+    assert cpu_kernels.int8_dot_available() == has_vnni
+    expected = (cpu_kernels.INT8_Q4_0_MIN_ROWS, cpu_kernels.INT8_Q6_K_MIN_ROWS) if has_vnni else (0, 0)
+    assert cpu_kernels.int8_dot_rows() == expected
+    monkeypatch.setenv("PLAYGROUND_INT8_DOT", "0")
+    assert cpu_kernels.int8_dot_rows() == (0, 0)
+
+
+@needs_int8
+def test_dispatch_takes_int8_in_its_row_range(int8_rows):
+    """Default thresholds: quant_gemm (Q6_K) and interleaved_gemm (Q4_0) give the int8 path's output bit
+    for bit from their first int8 row up to INT8_MAX_ROWS, the bf16 path's below it."""
+    int8_rows(*cpu_kernels.int8_dot_rows())
+    q6_k, _ = gguf_weight(Q.Q6_K, 20, 512, seed=5)
+    q4_0 = interleave(gguf_weight(Q.Q4_0, 32, 512, seed=6)[0])
+    for rows in (1, 2, 3, 4, 5, 16, cpu_kernels.INT8_MAX_ROWS):
+        x = torch.randn(rows, 512).bfloat16()
+        out, forced = (torch.empty(rows, 20, dtype=torch.bfloat16) for _ in range(2))
+        cpu_kernels.quant_gemm(x, q6_k.data, "q6_k", None, out)
+        cpu_kernels.quant_gemm(x, q6_k.data, "q6_k", None, forced, path="int8")
+        assert torch.equal(out, forced) == (rows >= cpu_kernels.INT8_Q6_K_MIN_ROWS), rows
+        outs = []
+        for setting in (cpu_kernels.int8_dot_rows(), (1, 0), (0, 0)):  # default, int8, bf16
+            int8_rows(*setting)
+            outs.append(torch.empty(rows, 32, dtype=torch.bfloat16))
+            cpu_kernels.interleaved_gemm(x, q4_0, None, outs[-1])
+        int8_rows(*cpu_kernels.int8_dot_rows())
+        takes_int8 = rows >= cpu_kernels.INT8_Q4_0_MIN_ROWS
+        assert torch.equal(outs[0], outs[1 if takes_int8 else 2]), rows
+    x = torch.randn(cpu_kernels.INT8_MAX_ROWS + 1, 512).bfloat16()  # past the range: the bf16 path
+    outs = []
+    for setting in (cpu_kernels.int8_dot_rows(), (0, 0)):
+        int8_rows(*setting)
+        outs.append(torch.empty(x.shape[0], 32, dtype=torch.bfloat16))
+        cpu_kernels.interleaved_gemm(x, q4_0, None, outs[-1])
+    assert torch.equal(outs[0], outs[1])
