@@ -7,7 +7,7 @@ A decode step of Llama-3.2-1B's matrices as llama-quantize's Q4_0 mix stores the
 o, gate/up and down, interleaved as the engine lays them out; a Q6_K lm_head), random blocks with sane
 scales. The layers' weights rotate through copies (about 140 MB, 4x the L3 cache here) and the lm_head is
 215 MB, so they come from DRAM as in a decode step. Each line is the best of --repeat steps (after one
-untimed) of the bf16 kernels (int8 paths off) and of the int8 ones, and their ratio (bf16 time / int8 time:
+untimed, the two alternating) of the bf16 kernels (int8 paths off) and of the int8 ones, and their ratio (bf16 time / int8 time:
 above 1, int8 is faster); cpu_kernels.INT8_Q4_0_MIN_ROWS / INT8_Q6_K_MIN_ROWS are chosen from it.
 """
 
@@ -58,14 +58,18 @@ def step_calls(
     return layer_products, head_product
 
 
-def best_ms(step: Callable[[], None], repeat: int) -> float:
-    step()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return min(times) * 1e3
+def best_ms(calls: dict[str, tuple[tuple[int, int], Callable[[], None]]], repeat: int) -> dict[str, float]:
+    """The best time of each call (its int8 row setting, the call) over repeat rounds, after an untimed
+    one; the calls alternate within a round, so that a busy neighbour slows them alike."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for round_number in range(repeat + 1):
+        for name, (setting, call) in calls.items():
+            cpu_kernels.set_int8_dot_rows(*setting)
+            start = time.perf_counter()
+            call()
+            if round_number:
+                times[name].append(time.perf_counter() - start)
+    return {name: min(values) * 1e3 for name, values in times.items()}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -83,11 +87,18 @@ def main(args: argparse.Namespace) -> int:
     print("rows   layers: bf16     int8  ratio   lm_head: bf16     int8  ratio   step ratio")
     for rows in args.rows:
         layer_products, head_product = step_calls(rows, layers, lm_head)
-        ms = {}
-        for path, setting in (("bf16", (0, 0)), ("int8", (1, 1))):
-            cpu_kernels.set_int8_dot_rows(*setting)
-            ms[path] = best_ms(layer_products, args.repeat), best_ms(head_product, args.repeat)
-        (layers_bf16, head_bf16), (layers_int8, head_int8) = ms["bf16"], ms["int8"]
+        bf16, int8 = (0, 0), (1, 1)
+        ms = best_ms(
+            {
+                "layers bf16": (bf16, layer_products),
+                "layers int8": (int8, layer_products),
+                "head bf16": (bf16, head_product),
+                "head int8": (int8, head_product),
+            },
+            args.repeat,
+        )
+        layers_bf16, layers_int8 = ms["layers bf16"], ms["layers int8"]
+        head_bf16, head_int8 = ms["head bf16"], ms["head int8"]
         print(
             f"{rows:>4} {layers_bf16:>11.1f} {layers_int8:>8.1f} {layers_bf16 / layers_int8:6.2f}"
             f" {head_bf16:>13.1f} {head_int8:>8.1f} {head_bf16 / head_int8:6.2f}"
