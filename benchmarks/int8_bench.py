@@ -7,8 +7,9 @@ A decode step of Llama-3.2-1B's matrices as llama-quantize's Q4_0 mix stores the
 o, gate/up and down, interleaved as the engine lays them out; a Q6_K lm_head), random blocks with sane
 scales. The layers' weights rotate through copies (about 140 MB, 4x the L3 cache here) and the lm_head is
 215 MB, so they come from DRAM as in a decode step. Each line is the best of --repeat steps (after one
-untimed, the two alternating) of the bf16 kernels (int8 paths off) and of the int8 ones, and their ratio (bf16 time / int8 time:
-above 1, int8 is faster); cpu_kernels.INT8_Q4_0_MIN_ROWS / INT8_Q6_K_MIN_ROWS are chosen from it.
+untimed, the two alternating) of the bf16 kernels (int8 paths off) and of the int8 ones, and their ratio
+(bf16 time / int8 time: above 1, int8 is faster); cpu_kernels.INT8_Q4_0_MIN_ROWS / INT8_Q6_K_MIN_ROWS are
+chosen from it.
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.interleaved import Interleaved, interleave
 
 HIDDEN, INTERMEDIATE, KV, VOCAB, LAYERS = 2048, 8192, 512, 128256, 16  # Llama-3.2-1B's config.json
-LAYER_SHAPES = {"qkv": (HIDDEN + 2 * KV, HIDDEN), "o": (HIDDEN, HIDDEN), "gate_up": (2 * INTERMEDIATE, HIDDEN)}
-LAYER_SHAPES["down"] = (HIDDEN, INTERMEDIATE)
+LAYER_SHAPES = {
+    "qkv": (HIDDEN + 2 * KV, HIDDEN),
+    "o": (HIDDEN, HIDDEN),
+    "gate_up": (2 * INTERMEDIATE, HIDDEN),
+    "down": (HIDDEN, INTERMEDIATE),
+}
 COPIES = 4  # layer copies the steps rotate through
 HALF_ONE_256TH = 0x1C00  # fp16 2^-8: a sane block scale (random bytes would hold NaNs and infinities)
 

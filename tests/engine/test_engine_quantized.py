@@ -173,7 +173,8 @@ for qtype, name in KEPT_TYPES.items():
             if dtype == torch.bfloat16 and name == "q6_k" and cpu_kernels.takes_int8(name, rows):
                 assert within_int8_error(out, x, reference, None, 256), (name, rows, dtype)
             else:
-                assert torch.allclose(out.float(), expected, rtol=tolerance, atol=tolerance), (name, rows, dtype)
+                close = torch.allclose(out.float(), expected, rtol=tolerance, atol=tolerance)
+                assert close, (name, rows, dtype)
             if name == "q6_k" and dtype == torch.bfloat16:  # both of the build's paths past quant_gemv
                 for path in ("portable", "lanes"):
                     cpu_kernels.quant_gemm(x, torch.from_numpy(data), name, None, out, path=path)
