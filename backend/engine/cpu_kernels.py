@@ -70,7 +70,7 @@ Q6_K_PATHS = ("portable", "lanes", "int8")  # quant_gemm_q6_k_{path}_bf16: one p
 # 1.34-1.59x at 4-64; its Q6_K lm_head 1.10x at 2 rows, 1.77-2.42x at 4-16 (docs/int8_activations.md)
 INT8_Q4_0_MIN_ROWS = 4
 INT8_Q6_K_MIN_ROWS = 2
-INT8_MAX_ROWS = 64  # csrc/int8_dot.h Int8Rows::MAX_ROWS: batched decode steps, not prefill chunks
+INT8_MAX_ROWS = 64  # csrc/int8_dot.h Int8Rows::MAX_ROWS: batched decode steps (and prefill chunks that short)
 # csrc/interleaved.cpp (bf16 activations, AVX512_BF16 builds): GGUF types, then packed kinds (group_scales)
 INTERLEAVED_TYPES = ("q4_0", "q4_1", "q8_0", "w4", "w4_zp", "w8", "w8_zp", "fp8", "mxfp4")
 INTERLEAVED_SIGNATURE = [PTR] * 4 + [INT] * 4 + [PTR, INT]  # x, w, bias, y, rows, n, k, ldy, groups, fp32 y

@@ -52,8 +52,8 @@ inline float quantize_block(const T *x, int n, int8_t *q, int32_t *sums) {
 }  // namespace int8dot
 #endif
 
-// from which rows each kernel takes its int8 path (0: never), up to MAX_ROWS (the batched decode shapes;
-// cpu_kernels.INT8_MAX_ROWS); set by cpu_kernels.py at load
+// from which rows each kernel takes its int8 path (0: never), up to MAX_ROWS (cpu_kernels.INT8_MAX_ROWS:
+// batched decode steps, and prefill chunks that short); set by cpu_kernels.py at load
 struct Int8Rows {
     static constexpr int64_t MAX_ROWS = 64;
     int64_t q4_0 = 0, q6_k = 0;
