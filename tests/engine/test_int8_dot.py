@@ -14,17 +14,21 @@ import torch
 from gguf import dequantize
 
 from backend.cpu_features import cpu_features
-from backend.engine import cpu_kernels
+from backend.engine import LLM, SamplingParams, cpu_kernels
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.interleaved import interleave
+from tests.engine_utils import assert_engine_clean, count_identical_within_top5
 from tests.gemm_utils import int8_error_bound, within_int8_error
-from tests.gguf_utils import Q, random_blocks
+from tests.gguf_utils import LINEAR_KINDS, Q, random_blocks, write_tiny_gguf
 
 needs_int8 = pytest.mark.skipif(
     not cpu_kernels.supports(torch.device("cpu"), torch.bfloat16) or not cpu_kernels.int8_dot_available(),
     reason="the kernels' build lacks AVX512_VNNI (no int8 paths)",
 )
 ROWS = (1, 2, 3, 4, 9, 16, 17, 33, 64)
+PROMPTS = [[1, 2, 3, 4, 5], [100, 200, 300], [7] * 40, list(range(1000, 1100))] + [
+    [i, i + 1] for i in range(10, 14)
+]
 
 
 @pytest.fixture
@@ -136,3 +140,33 @@ def test_dispatch_takes_int8_in_its_row_range(int8_rows):
         outs.append(torch.empty(x.shape[0], 32, dtype=torch.bfloat16))
         cpu_kernels.interleaved_gemm(x, q4_0, None, outs[-1])
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.fixture(scope="module")
+def q4_0_q6_k_gguf(tmp_path_factory):
+    """llama-quantize's Q4_0 mix in small: Q4_0 layers, a Q6_K output matrix (untied), a Q8_0 embedding."""
+    path = tmp_path_factory.mktemp("gguf") / "tiny-q4_0-mix.gguf"
+    return write_tiny_gguf(path, dict.fromkeys(LINEAR_KINDS, Q.Q4_0), Q.Q8_0, output=Q.Q6_K, seed=3)
+
+
+@needs_int8
+@pytest.mark.slow
+def test_engine_decode_steps_take_the_int8_paths(q4_0_q6_k_gguf, int8_rows):
+    """A bf16 engine decoding 8 sequences together (captured steps of 8 rows: both int8 paths) against the
+    same engine with the int8 paths off: the log-probabilities differ (the int8 kernels ran), and the
+    greedy continuations agree as bf16's own rounding lets them: identical, or where one first differs,
+    each side's token among the other's top 5."""
+
+    def run() -> list:
+        llm = LLM(str(q4_0_q6_k_gguf), dtype="bfloat16", max_model_len=256, max_num_seqs=8)
+        params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=5)
+        outs = llm.generate(PROMPTS, params)
+        assert_engine_clean(llm)
+        return [out.outputs[0] for out in outs]
+
+    int8_rows(*cpu_kernels.int8_dot_rows())
+    ours = run()
+    int8_rows(0, 0)
+    exact = run()
+    assert any(a.logprobs != b.logprobs for a, b in zip(ours, exact, strict=True))
+    assert count_identical_within_top5(ours, exact) >= len(PROMPTS) // 2  # 7 of 8 on an EPYC
