@@ -1,6 +1,6 @@
 """The int8-activation kernels (csrc/int8_dot.h) beside the bf16 ones they replace, in one process:
 
-    python -m benchmarks.int8_bench                               # Llama-3.2-1B's shapes, 2-64 rows
+    python -m benchmarks.int8_bench                               # Llama-3.2-1B's shapes, 1-64 rows
     python -m benchmarks.int8_bench --rows 16 --threads 2 --repeat 5
 
 A decode step of Llama-3.2-1B's matrices as llama-quantize's Q4_0 mix stores them (16 layers of Q4_0 q/k/v,
@@ -116,7 +116,7 @@ def main(args: argparse.Namespace) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[2, 3, 4, 8, 16, 32, 64])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 4, 8, 16, 32, 64])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3, help="timed steps per figure (the best is shown)")
     return parser.parse_args(argv)

@@ -67,9 +67,11 @@ Q6_K_PATHS = ("portable", "lanes", "int8")  # quant_gemm_q6_k_{path}_bf16: one p
 # csrc/int8_dot.h (AVX512_VNNI builds): bf16 activations rounded to int8 per block, integer dot products,
 # from these rows (interleaved_gemm_q4_0 for GGUF Q4_0, quant_gemm_q6_k_bf16): python -m
 # benchmarks.int8_bench on a 2-core EPYC (1 thread): Llama-3.2-1B's Q4_0 layers 0.77x at 2 rows, 0.80x at 3,
-# 1.34-1.59x at 4-64; its Q6_K lm_head 1.10x at 2 rows, 1.77-2.42x at 4-16 (docs/int8_activations.md)
+# 1.34-1.59x at 4-64; its Q6_K lm_head 1.10x at 2 rows, 1.77-2.42x at 4-16, and 3.5x at one row (a kernel
+# of its own, weights in lanes: csrc/q6_k_int8.h gemv_row; 2 threads, a CI run beside it)
+# (docs/int8_activations.md)
 INT8_Q4_0_MIN_ROWS = 4
-INT8_Q6_K_MIN_ROWS = 2
+INT8_Q6_K_MIN_ROWS = 1
 INT8_MAX_ROWS = 64  # csrc/int8_dot.h Int8Rows::MAX_ROWS: batched decode steps (and prefill chunks that short)
 # csrc/interleaved.cpp (bf16 activations, AVX512_BF16 builds): GGUF types, then packed kinds (group_scales)
 INTERLEAVED_TYPES = ("q4_0", "q4_1", "q8_0", "w4", "w4_zp", "w8", "w8_zp", "fp8", "mxfp4")

@@ -12,7 +12,8 @@
 //     products in vector registers (quant_vec.h)
 //   - bf16 x where the build has AVX512_VNNI (INT8_DOT, csrc/q6_k_int8.h), from int8_rows.q6_k rows: x
 //     quantized to int8 per super-block as llama.cpp's Q8_K (ggml_vec_dot_q6_K_q8_K), VPDPBUSD on the
-//     unsigned 6-bit integers; not the same function (x rounded to 8 bits, csrc/int8_dot.h's bound)
+//     unsigned 6-bit integers; not the same function (x rounded to 8 bits, csrc/int8_dot.h's bound); one row
+//     (batch-1 decode) with the weights in lanes instead (q6_int8::gemv_row)
 // All are parallel over output columns with the engine's OpenMP threads.
 #include <algorithm>
 #include <cstdint>

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "int8_dot.h"
 #include "q6_k.h"
@@ -55,8 +56,9 @@ inline void release(Activations &a) {
     std::free(a.d);
 }
 
-// a super-block's 256 weights as unsigned 6-bit integers in k order, and its 16 scales d * scales[s] (exact)
-inline void decode(const uint8_t *block, uint8_t *u, float *scale) {
+// a super-block's 256 weights as unsigned 6-bit integers in k order, 64 a vector (u[v]: weights 64 v ..
+// 64 v + 63), and its 16 scales d * scales[s] (exact) as the return value
+inline __m512 decode_vectors(const uint8_t *block, __m512i u[4]) {
     const __m512i m0f = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(48);
     // qh's 32 bytes twice: weights l and l + 32 take bits 0-1 and 2-3 (moved to bits 4-5: << 4, << 2),
     // weights l + 64 and l + 96 bits 4-5 and 6-7 (>> 0, >> 2); shifts of 16-bit lanes, then masked per byte
@@ -68,11 +70,18 @@ inline void decode(const uint8_t *block, uint8_t *u, float *scale) {
         const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(block + 128 + 32 * half)));
         const __m512i low = _mm512_and_si512(_mm512_sllv_epi16(qh, up), m30);
         const __m512i high = _mm512_and_si512(_mm512_srlv_epi16(qh, down), m30);
-        _mm512_store_si512(u + 128 * half, _mm512_ternarylogic_epi32(ql, m0f, low, 0xEA));  // (a & b) | c
-        _mm512_store_si512(u + 128 * half + 64, _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), m0f, high, 0xEA));
+        u[2 * half] = _mm512_ternarylogic_epi32(ql, m0f, low, 0xEA);  // (a & b) | c
+        u[2 * half + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), m0f, high, 0xEA);
     }
     const __m512 scales = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(block + 192))));
-    _mm512_store_ps(scale, _mm512_mul_ps(_mm512_set1_ps(q6k_f16(block + 208)), scales));
+    return _mm512_mul_ps(_mm512_set1_ps(q6k_f16(block + 208)), scales);
+}
+
+// the same, into an L1 buffer: u [256], scale [16]
+inline void decode(const uint8_t *block, uint8_t *u, float *scale) {
+    __m512i v[4];
+    _mm512_store_ps(scale, decode_vectors(block, v));
+    for (int i = 0; i < 4; i++) _mm512_store_si512(u + 64 * i, v[i]);
 }
 
 // y's columns j0 .. j0 + J - 1 for rows of lane groups g0 .. g0 + G - 1
@@ -138,8 +147,66 @@ void column_rows(const Activations &a, const uint8_t *w, const T *bias, T *y, in
     }
 }
 
+// One row of x (a batch-1 decode step's lm_head), where 15 of the 16 lanes above would idle: the weights in
+// lanes instead. x is quantized per super-block in k order (Q8_K); each column's super-block decodes in
+// registers (decode_vectors), 4 VPDPBUSD against x start from -32 times each lane's 4 q (the stored offset),
+// and lane i of vector v, sub-block 4 v + i / 4, is scaled by that sub-block's d * scales[s] times x's d.
+struct Row {
+    std::vector<int8_t> q;      // [blocks, 256]
+    std::vector<__m512i> corr;  // [blocks, 4]: -32 * each lane's sum of 4 q
+    std::vector<float> d;       // [blocks]
+};
+
+template <typename T>
+Row quantize_row(const T *x, int64_t k) {
+    const int64_t blocks = k / QK;
+    Row r{std::vector<int8_t>(blocks * QK), std::vector<__m512i>(blocks * 4), std::vector<float>(blocks)};
+    const __m512i offset = _mm512_set1_epi8(32);
+    for (int64_t b = 0; b < blocks; b++) {
+        r.d[b] = int8dot::quantize_block(x + b * QK, QK, r.q.data() + b * QK, nullptr);
+        for (int v = 0; v < 4; v++) {
+            const __m512i q = _mm512_loadu_si512(r.q.data() + b * QK + 64 * v);
+            r.corr[b * 4 + v] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, q));
+        }
+    }
+    return r;
+}
+
+inline float row_dot(const Row &x, const uint8_t *w, int64_t blocks, int64_t row_bytes) {
+    __m512i lanes[4];  // lane i of vector v: sub-block 4 v + i / 4
+    for (int v = 0; v < 4; v++)
+        lanes[v] = _mm512_set_epi32(4 * v + 3, 4 * v + 3, 4 * v + 3, 4 * v + 3, 4 * v + 2, 4 * v + 2, 4 * v + 2, 4 * v + 2,
+                                    4 * v + 1, 4 * v + 1, 4 * v + 1, 4 * v + 1, 4 * v, 4 * v, 4 * v, 4 * v);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *block = w + b * BYTES;
+        for (int line = 0; line < BYTES; line += 64)  // four columns ahead (the stream)
+            _mm_prefetch(reinterpret_cast<const char *>(block + 4 * row_bytes + line), _MM_HINT_T0);
+        __m512i u[4];
+        const __m512 scale = _mm512_mul_ps(decode_vectors(block, u), _mm512_set1_ps(x.d[b]));
+        for (int v = 0; v < 4; v++) {
+            const __m512i q = _mm512_loadu_si512(x.q.data() + b * QK + 64 * v);
+            const __m512i sum = _mm512_dpbusd_epi32(x.corr[b * 4 + v], u[v], q);
+            acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_permutexvar_ps(lanes[v], scale), acc[v]);
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+template <typename T>
+void gemv_row(const T *x, const uint8_t *w, const T *bias, T *y, int64_t n, int64_t k) {
+    const Row row = quantize_row(x, k);
+    const int64_t blocks = k / QK, row_bytes = blocks * BYTES;
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < n; j++) {
+        const float extra = bias ? to_float(bias[j]) : 0.0f;
+        store(y[j], row_dot(row, w + j * row_bytes, blocks, row_bytes) + extra);
+    }
+}
+
 template <typename T>
 void gemm(const T *x, const uint8_t *w, const T *bias, T *y, int64_t rows, int64_t n, int64_t k, int64_t ldy) {
+    if (rows == 1) return gemv_row(x, w, bias, y, n, k);
     Activations a = quantize(x, rows, k);
     constexpr int J = 8;  // columns a tile: 1.4x 4 on the lm_head (16 rows, an EPYC), 8 x 2 sums and partial sums
     const int64_t chunks = n / J;
