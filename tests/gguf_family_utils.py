@@ -85,6 +85,7 @@ def family_config(family: str, vocab_size: int):
     builders = {
         "llama": lambda: t.LlamaConfig(**common),
         "qwen3": lambda: t.Qwen3Config(**common, head_dim=32),
+        "mistral": lambda: t.MistralConfig(**common),  # the converter writes it as "llama"
         "gemma3": lambda: t.Gemma3TextConfig(
             **common | dict(num_hidden_layers=7, tie_word_embeddings=True),
             head_dim=32,

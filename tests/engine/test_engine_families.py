@@ -19,7 +19,17 @@ from tests.gguf_family_utils import family_gguf, tiny_family_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-DENSE_FAMILIES = ("llama", "qwen3", "granite", "olmo2", "phi3", "phi3-longrope", "smollm3", "gemma3")
+DENSE_FAMILIES = (
+    "llama",
+    "mistral",
+    "qwen3",
+    "granite",
+    "olmo2",
+    "phi3",
+    "phi3-longrope",
+    "smollm3",
+    "gemma3",
+)
 MAX_TOKENS = 20
 # chunks of 8 tokens, 4-token blocks, a pool of 40 blocks for 5 sequences of up to 60 + 20 tokens: prompts
 # take several steps and running sequences are preempted; phi3-longrope's original context is 256 (its
