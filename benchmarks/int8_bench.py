@@ -1,4 +1,4 @@
-"""The int8-activation kernels (csrc/int8_dot.h) beside the bf16 ones they replace, in one process:
+"""The int8-activation kernels (csrc/int8_dot.h, int8_avx2.h) beside the ones they replace, in one process:
 
     python -m benchmarks.int8_bench                               # Llama-3.2-1B's shapes, 1-64 rows
     python -m benchmarks.int8_bench --rows 16 --threads 2 --repeat 5
@@ -9,7 +9,9 @@ scales. The layers' weights rotate through copies (about 140 MB, 4x the L3 cache
 215 MB, so they come from DRAM as in a decode step. Each line is the best of --repeat steps (after one
 untimed, the two alternating) of the bf16 kernels (int8 paths off) and of the int8 ones, and their ratio
 (bf16 time / int8 time: above 1, int8 is faster); cpu_kernels.INT8_Q4_0_MIN_ROWS / INT8_Q6_K_MIN_ROWS are
-chosen from it.
+chosen from it. On an AVX2 build (no AVX-512) the engine computes in fp32 and keeps the blocks as stored:
+the columns headed bf16 are then its exact fp32 paths (quant_gemv up to 8 rows, past that the blocks
+decoded to fp32 for torch's GEMM, as QuantizedLinear.tiled_matmul), and INT8_AVX2_*_MIN_ROWS come from it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from backend.engine import cpu_kernels
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.interleaved import Interleaved, interleave
+from backend.engine.quantization.quantized_linear import TILE_WEIGHTS
 
 HIDDEN, INTERMEDIATE, KV, VOCAB, LAYERS = 2048, 8192, 512, 128256, 16  # Llama-3.2-1B's config.json
 LAYER_SHAPES = {
@@ -44,18 +47,44 @@ def random_weight(qtype: str, n: int, k: int, generator: torch.Generator) -> Qua
     return QuantizedWeight(qtype, data.view(n, -1), (n, k))
 
 
+def as_stored_product(x: torch.Tensor, weight: QuantizedWeight, out: torch.Tensor) -> None:
+    """An AVX2 build's product of GGUF blocks as stored, by the engine's choice of kernel for these rows
+    (QuantizedLinear.forward): the int8 rows (int8_rows) or quant_gemv, else decoded fp32 and torch's GEMM."""
+    rows = x.shape[0]
+    if weight.qtype == "q6_k" or rows <= cpu_kernels.QUANT_GEMV_MAX_ROWS:
+        kernel = cpu_kernels.quant_gemm if weight.qtype == "q6_k" else cpu_kernels.quant_gemv
+        kernel(x, weight.data, weight.qtype, None, out)
+    elif SETTING[0]:
+        cpu_kernels.quant_gemm(x, weight.data, weight.qtype, None, out)
+    else:  # QuantizedLinear.tiled_matmul: tiles of rows decoded into a cache-sized buffer
+        n, k = weight.shape
+        tile_rows = max(32, TILE_WEIGHTS // k // 32 * 32)
+        tile = torch.empty(tile_rows, k)
+        for first in range(0, n, tile_rows):
+            last = min(first + tile_rows, n)
+            decoded = cpu_kernels.quant_dequant(weight.data[first:last], weight.qtype, tile[: last - first])
+            torch.mm(x, decoded.t(), out=out[:, first:last])
+
+
+SETTING = [0, 0]  # the int8 rows best_ms set last (as_stored_product's choice)
+
+
 def step_calls(
-    rows: int, layers: list[dict[str, Interleaved]], lm_head: QuantizedWeight
+    rows: int, layers: list[dict[str, Interleaved | QuantizedWeight]], lm_head: QuantizedWeight
 ) -> tuple[Callable[[], None], Callable[[], None]]:
     """One decode step's matrix products for rows sequences: (the 16 layers', the lm_head's)."""
-    x = {name: torch.randn(rows, shape[1]).bfloat16() for name, shape in LAYER_SHAPES.items()}
-    out = {name: torch.empty(rows, shape[0], dtype=torch.bfloat16) for name, shape in LAYER_SHAPES.items()}
-    head_x, logits = torch.randn(rows, HIDDEN).bfloat16(), torch.empty(rows, VOCAB, dtype=torch.bfloat16)
+    dtype = torch.bfloat16 if cpu_kernels.int8_dot_available() else torch.float32
+    x = {name: torch.randn(rows, shape[1]).to(dtype) for name, shape in LAYER_SHAPES.items()}
+    out = {name: torch.empty(rows, shape[0], dtype=dtype) for name, shape in LAYER_SHAPES.items()}
+    head_x, logits = torch.randn(rows, HIDDEN).to(dtype), torch.empty(rows, VOCAB, dtype=dtype)
 
     def layer_products() -> None:
         for layer in range(LAYERS):
             for name, part in layers[layer % len(layers)].items():
-                cpu_kernels.interleaved_gemm(x[name], part, None, out[name])
+                if isinstance(part, Interleaved):
+                    cpu_kernels.interleaved_gemm(x[name], part, None, out[name])
+                else:
+                    as_stored_product(x[name], part, out[name])
 
     def head_product() -> None:
         cpu_kernels.quant_gemm(head_x, lm_head.data, "q6_k", None, logits)
@@ -70,6 +99,7 @@ def best_ms(calls: dict[str, tuple[tuple[int, int], Callable[[], None]]], repeat
     for round_number in range(repeat + 1):
         for name, (setting, call) in calls.items():
             cpu_kernels.set_int8_dot_rows(*setting)
+            SETTING[:] = setting
             start = time.perf_counter()
             call()
             if round_number:
@@ -79,17 +109,20 @@ def best_ms(calls: dict[str, tuple[tuple[int, int], Callable[[], None]]], repeat
 
 def main(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
-    if not cpu_kernels.interleaved_available() or not cpu_kernels.int8_dot_available():
+    kind = cpu_kernels.int8_dot_kind()
+    if not kind or (kind == "avx512_vnni" and not cpu_kernels.interleaved_available()):
         print(f"no int8 kernels in this build ({cpu_kernels.build_flags()})")
         return 1
     generator = torch.Generator().manual_seed(0)
+    lay_out = interleave if kind == "avx512_vnni" else (lambda weight: weight)  # AVX2: blocks as stored
     layers = [
-        {name: interleave(random_weight("q4_0", *shape, generator)) for name, shape in LAYER_SHAPES.items()}
+        {name: lay_out(random_weight("q4_0", *shape, generator)) for name, shape in LAYER_SHAPES.items()}
         for _ in range(COPIES)
     ]
     lm_head = random_weight("q6_k", VOCAB, HIDDEN, generator)
-    print(f"{args.threads} threads, {cpu_kernels.build_flags()}")
-    print("rows   layers: bf16     int8  ratio   lm_head: bf16     int8  ratio   step ratio")
+    print(f"{args.threads} threads, {cpu_kernels.build_flags()}, int8 kernels: {kind}")
+    exact = "bf16" if kind == "avx512_vnni" else "fp32"
+    print(f"rows   layers: {exact}     int8  ratio   lm_head: {exact}     int8  ratio   step ratio")
     for rows in args.rows:
         layer_products, head_product = step_calls(rows, layers, lm_head)
         bf16, int8 = (0, 0), (1, 1)

@@ -71,6 +71,29 @@ def dense_folder(tmp_path_factory) -> str:
 
 
 @pytest.fixture
+def int8_rows():
+    """Set the int8 paths' row thresholds (cpu_kernels.set_int8_dot_rows) for a test, then put the
+    defaults back."""
+    from backend.engine import cpu_kernels
+
+    yield cpu_kernels.set_int8_dot_rows
+    if cpu_kernels.load_library() is not None:
+        cpu_kernels.set_int8_dot_rows(*cpu_kernels.int8_dot_rows())
+
+
+@pytest.fixture
+def exact_products(int8_rows, monkeypatch):
+    """The int8-activation paths off for a test (csrc/int8_dot.h, csrc/int8_avx2.h): GGUF Q4_0 / Q6_K
+    products compute the exact function in the activations' dtype, as PLAYGROUND_INT8_DOT=0 makes them
+    (set too, for the dispatch in Python and for child processes)."""
+    from backend.engine import cpu_kernels
+
+    monkeypatch.setenv("PLAYGROUND_INT8_DOT", "0")
+    if cpu_kernels.load_library() is not None:
+        int8_rows(0, 0)
+
+
+@pytest.fixture
 def no_leaked_blocks(request):
     """After each test, the engines it used hold no KV block and no request: the test's `llm` (an LLM)
     or `engine` (an AsyncLLM) fixture and the engines in its module's LEAK_CHECKED list get

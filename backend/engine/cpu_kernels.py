@@ -72,6 +72,12 @@ Q6_K_PATHS = ("portable", "lanes", "int8")  # quant_gemm_q6_k_{path}_bf16: one p
 # (docs/int8_activations.md)
 INT8_Q4_0_MIN_ROWS = 4
 INT8_Q6_K_MIN_ROWS = 1
+# csrc/int8_avx2.h (AVX2 builds without AVX-512): fp32 or bf16 activations rounded to int8 the same way,
+# VPMADDUBSW products on the GGUF blocks as stored (quant_gemv / quant_gemm_q4_0, quant_gemm_q6_k), from
+# these rows: python -m benchmarks.int8_bench on a 2-core EPYC with AVX2 only (docs/int8_activations.md)
+INT8_AVX2_Q4_0_MIN_ROWS = 1
+INT8_AVX2_Q6_K_MIN_ROWS = 1
+INT8_KINDS = {1: "avx512_vnni", 2: "avx2"}  # int8_dot_available()'s codes
 INT8_MAX_ROWS = 64  # csrc/int8_dot.h Int8Rows::MAX_ROWS: batched decode steps (and prefill chunks that short)
 # csrc/interleaved.cpp (bf16 activations, AVX512_BF16 builds): GGUF types, then packed kinds (group_scales)
 INTERLEAVED_TYPES = ("q4_0", "q4_1", "q8_0", "w4", "w4_zp", "w8", "w8_zp", "fp8", "mxfp4")
@@ -246,6 +252,10 @@ def _open(path: Path) -> ctypes.CDLL:
         library.int8_dot_set_rows.restype = None
         if library.quant_gemm_q6_k_max_rows() != Q6_K_GEMM_MAX_ROWS:
             raise AttributeError("quant_gemm_q6_k_max_rows differs from Q6_K_GEMM_MAX_ROWS")
+        if library.int8_dot_available() == 2:  # csrc/int8_avx2.h's Q4_0 rows
+            for suffix in ("f32", "bf16"):
+                getattr(library, f"quant_gemm_q4_0_{suffix}").argtypes = QUANT_SIGNATURES["quant_gemv"]
+                getattr(library, f"quant_gemm_q4_0_{suffix}").restype = None
         if library.quant_gemm_max_rows():
             for qtype in QUANT_GEMM_TYPES:
                 getattr(library, f"quant_gemm_{qtype}_bf16").argtypes = QUANT_SIGNATURES["quant_gemv"]
@@ -580,6 +590,8 @@ def quant_gemm_rows(qtype: str, dtype: torch.dtype) -> int:
     """The most rows quant_gemm takes for GGUF blocks of qtype and activations of dtype (0: none)."""
     if qtype == "q6_k":
         return Q6_K_GEMM_MAX_ROWS
+    if qtype == "q4_0" and int8_dot_kind() == "avx2" and int8_dot_rows()[0]:  # csrc/int8_avx2.h, fp32 or bf16
+        return INT8_MAX_ROWS
     return quant_gemm_max_rows() if qtype in QUANT_GEMM_TYPES and dtype == torch.bfloat16 else 0
 
 
@@ -720,21 +732,33 @@ def interleaved_amx_min_rows(library: ctypes.CDLL | None = None) -> int:
 
 def int8_dot_available(library: ctypes.CDLL | None = None) -> bool:
     """Whether this build has csrc/int8_dot.h's int8-activation kernels (AVX512_VNNI and AVX512BW)."""
+    return int8_dot_kind(library) == "avx512_vnni"
+
+
+def int8_dot_kind(library: ctypes.CDLL | None = None) -> str:
+    """Which int8-activation kernels this build has: "avx512_vnni" (csrc/int8_dot.h: Q4_0 interleaved and
+    Q6_K, bf16 x), "avx2" (csrc/int8_avx2.h: Q4_0 and Q6_K as stored, fp32 or bf16 x), or "" (none)."""
     library = library or load_library()
-    return library is not None and library.int8_dot_available() == 1
+    return "" if library is None else INT8_KINDS.get(library.int8_dot_available(), "")
 
 
 def int8_dot_rows(library: ctypes.CDLL | None = None) -> tuple[int, int]:
-    """From which rows (Q4_0 interleaved, Q6_K) the kernels round bf16 activations to int8: (0, 0) where the
-    build lacks AVX512_VNNI or PLAYGROUND_INT8_DOT=0 (the exact bf16 paths)."""
-    if os.environ.get("PLAYGROUND_INT8_DOT", "1") == "0" or not int8_dot_available(library):
-        return 0, 0
-    return INT8_Q4_0_MIN_ROWS, INT8_Q6_K_MIN_ROWS
+    """From which rows (Q4_0, Q6_K) the kernels round activations to int8: (0, 0) where the build has no
+    int8 kernels or PLAYGROUND_INT8_DOT=0 (the exact paths)."""
+    kind = "" if os.environ.get("PLAYGROUND_INT8_DOT", "1") == "0" else int8_dot_kind(library)
+    if kind == "avx512_vnni":
+        return INT8_Q4_0_MIN_ROWS, INT8_Q6_K_MIN_ROWS
+    if kind == "avx2":
+        return INT8_AVX2_Q4_0_MIN_ROWS, INT8_AVX2_Q6_K_MIN_ROWS
+    return 0, 0
 
 
-def takes_int8(qtype: str, rows: int) -> bool:
-    """Whether a product of rows bf16 rows with GGUF qtype weights (Q4_0 interleaved, Q6_K) takes the int8
-    path as set at load (Q4_0 on CPUs with AMX: calls of AMX rows stay on the tiles, exact)."""
+def takes_int8(qtype: str, rows: int, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether a product of rows activation rows of dtype with GGUF qtype weights takes the int8 path as set
+    at load: AVX512_VNNI builds, bf16 x, Q4_0 interleaved (on CPUs with AMX calls of AMX rows stay on the
+    tiles, exact) and Q6_K; AVX2 builds, fp32 or bf16 x, Q4_0 and Q6_K as stored."""
+    if int8_dot_kind() == "avx512_vnni" and dtype != torch.bfloat16:
+        return False
     first = dict(zip(("q4_0", "q6_k"), int8_dot_rows(), strict=True)).get(qtype, 0)
     return 0 < first <= rows <= INT8_MAX_ROWS
 

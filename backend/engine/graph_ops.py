@@ -94,10 +94,20 @@ def row_limit(module: Linear | QuantizedLinear) -> int | None:
     return min((gguf_rows_limit(p.qtype) for p in rows), default=None)
 
 
+def gguf_rows_kernel(qtype: str) -> tuple[str, int]:
+    """gguf_rows_ops' kernel for qtype and the most rows it takes: quant_gemm for Q6_K (any build, fp32 or
+    bf16; quant_gemv within it up to QUANT_GEMV_MAX_ROWS) and for Q4_0 where the build has AVX2's int8 rows
+    (csrc/int8_avx2.h), quant_gemv for the others."""
+    if qtype == "q6_k":
+        return "quant_gemm", cpu_kernels.Q6_K_GEMM_MAX_ROWS
+    if qtype == "q4_0" and cpu_kernels.int8_dot_kind() == "avx2":
+        return "quant_gemm", cpu_kernels.INT8_MAX_ROWS
+    return "quant_gemv", cpu_kernels.QUANT_GEMV_MAX_ROWS
+
+
 def gguf_rows_limit(qtype: str) -> int:
-    """The most rows gguf_rows_ops' kernel takes: quant_gemm for Q6_K (any build, fp32 or bf16; quant_gemv
-    within it up to QUANT_GEMV_MAX_ROWS), quant_gemv for the others."""
-    return cpu_kernels.Q6_K_GEMM_MAX_ROWS if qtype == "q6_k" else cpu_kernels.QUANT_GEMV_MAX_ROWS
+    """The most rows gguf_rows_ops' kernel takes."""
+    return gguf_rows_kernel(qtype)[1]
 
 
 def linear_ops(module: Linear | QuantizedLinear, x: torch.Tensor, out: torch.Tensor) -> list[Op]:
@@ -135,7 +145,7 @@ def gguf_rows_ops(
     """quant_gemv (Q6_K: quant_gemm) of x into out's columns at y; into fp32 logits from bf16 x (an
     lm_head, one part) it writes the bf16 values at each row's start, then widens them there (the eager
     path's .float())."""
-    kernel = "quant_gemm" if part.qtype == "q6_k" else "quant_gemv"  # gguf_rows_limit
+    kernel = gguf_rows_kernel(part.qtype)[0]
     name, (n, k) = f"{kernel}_{part.qtype}_{cpu_kernels.SUFFIX[x.dtype]}", part.shape
     ints = [x.data_ptr(), ptr(part.data), ptr(bias), y, 0, n, k, out.stride(0)]
     if out.dtype == x.dtype:

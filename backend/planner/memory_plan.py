@@ -101,8 +101,18 @@ def _weights(req: PlanRequest, spec: ModelSpec, lay: Layout) -> tuple[int, float
                 math.ceil(spec.params_total - spec.params_by_kind.get("mtp", 0)) * dtype_bytes // per_replica
             )
         dense_embedding = not (as_stored and spec.checkpoint_dtype.startswith("gguf"))
+        # a 16-bit model on a CPU without bf16 units: Linear.prepare packs an fp32 copy beside each dense
+        # projection's weight (engine/layers/linear.py), the lm_head's too
+        cpu = lay.gpu.cpu
+        fp32_copies = lay.gpu.is_cpu and dtype_bytes == 2 and cpu is not None and not cpu.has_fast_bf16
+        head = spec.vocab_size * spec.hidden_size
         if lay.gpu.is_cpu and spec.tie_word_embeddings and dense_embedding:  # its packed lm_head copy
-            weights += spec.vocab_size * spec.hidden_size * dtype_bytes
+            weights += head * (4 if fp32_copies else dtype_bytes)
+        elif fp32_copies and dense_embedding:
+            weights += head * 4
+        if fp32_copies and not as_stored:
+            projections = spec.params_by_kind.get("attention", 0) + spec.params_by_kind.get("mlp", 0)
+            weights += projections * 4 // per_replica
         return weights, kv_bytes
     repacked = req.engine == "vllm" and not lay.gpu.fp4_native
     weights = memory.weight_bytes_per_gpu(spec, lay.quant, lay.tp, req.pp, repacked)

@@ -72,12 +72,20 @@ def test_checkpoint_runs_as_stored_and_matches_transformers_on_its_dequantized_w
 @pytest.mark.parametrize("scheme", [SCHEMES[0], SCHEMES[5]], ids=lambda s: s.name)
 def test_planner_counts_the_bytes_the_engine_holds(scheme, dense_folder, tmp_path):
     from backend.planner import PlanRequest, estimate
+    from backend.planner.catalog import LOCAL_CPU
 
     write_checkpoint(dense_folder, tmp_path / "q", scheme, plain_dtype=torch.bfloat16)
     stats = LLM(str(tmp_path / "q"), dtype="bfloat16", device="cpu").stats()
-    plan = estimate(
-        PlanRequest(
-            model=str(tmp_path / "q"), gpu="cpu", engine="embedded", quant="auto", input_len=64, output_len=64
+    plan = (
+        estimate(  # this machine's CPU: without bf16 units the engine keeps fp32 copies of dense weights too
+            PlanRequest(
+                model=str(tmp_path / "q"),
+                gpu=LOCAL_CPU,
+                engine="embedded",
+                quant="auto",
+                input_len=64,
+                output_len=64,
+            )
         )
     )
     assert not any("dequantizes" in w for w in plan.warnings)

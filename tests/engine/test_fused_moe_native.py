@@ -125,13 +125,25 @@ FORMATS = [  # (experts, activations' dtype, the projections' native function)
 
 
 @pytest.mark.parametrize(("experts", "dtype", "function"), FORMATS)
-def test_each_format_within_its_error(experts, dtype, function):
+def test_each_format_within_its_error(experts, dtype, function, int8_rows):
+    """The int8 paths off (the exact function); where the experts take csrc/int8_avx2.h's int8 rows (Q4_0,
+    Q6_K as stored on AVX2 builds), those too: close to the exact output, and not equal to it."""
     block = prepare(make_block(experts, dtype, gpt_oss=experts == "mxfp4"))
     assert block.native is not None and block.native.gate_up.function == function
+    as_stored_int8 = cpu_kernels.int8_dot_kind() == "avx2" and experts in ("q4_0", "q6_k")
     for tokens in (1, 7, 64):
         x = torch.randn(tokens, H, generator=torch.Generator().manual_seed(tokens)).to(dtype)
+        int8_rows(0, 0)
         with torch.no_grad():
-            assert within_bound(block, x, block(x)), tokens
+            exact = block(x)
+            assert within_bound(block, x, exact), tokens
+        if as_stored_int8:
+            int8_rows(*cpu_kernels.int8_dot_rows())
+            with torch.no_grad():
+                int8 = block(x)
+            # x rounded to 8 bits per block: about 1/254 of a block's largest |x| per value
+            assert not torch.equal(int8, exact)
+            assert ((int8 - exact).abs() <= 0.03 * exact.abs().amax() + 1e-6).all(), tokens
 
 
 @NEEDS_BF16

@@ -70,7 +70,9 @@ def test_greedy_tokens_equal_transformers_under_chunking_prefix_hits_and_preempt
 
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_quantized_experts_stay_blocks_and_give_the_decoded_files_tokens(family, qtype):
+def test_quantized_experts_stay_blocks_and_give_the_decoded_files_tokens(family, qtype, exact_products):
+    """The experts as stored compute the decoded weights' function (int8 activations off: on AVX2 builds
+    Q4_0 experts would round x to int8, csrc/int8_avx2.h; test_int8_dot.py bounds that)."""
     path = str(family_gguf(family, qtype))
     kept = LLM(path, dtype="float32", device="cpu", **STRESS)
     decoded = LLM(path, dtype="float32", device="cpu", dequantize_weights=True, **STRESS)

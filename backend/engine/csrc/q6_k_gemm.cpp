@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "dtypes.h"
+#include "int8_avx2.h"
 #include "q6_k.h"
 #include "quant_vec.h"
 #include "q6_k_int8.h"
@@ -222,6 +223,9 @@ extern "C" int quant_gemm_q6_k_max_rows() { return GEMM_MAX_ROWS; }
 
 extern "C" void quant_gemm_q6_k_f32(const float *x, const uint8_t *w, const float *bias, float *y, int64_t rows,
                                     int64_t n, int64_t k, int64_t ldy) {
+#if defined(INT8_AVX2)
+    if (int8_rows.q6_k_takes(rows)) return avx2dot::gemm<QK>(x, w, bias, y, rows, n, k, ldy);
+#endif
     if (rows <= GEMV_ROWS) return quant_gemv_q6_k_f32(x, w, bias, y, rows, n, k, ldy);
     portable_gemm(x, w, bias, y, rows, n, k, ldy);
 }
@@ -230,6 +234,8 @@ extern "C" void quant_gemm_q6_k_bf16(const BFloat16 *x, const uint8_t *w, const 
                                      int64_t rows, int64_t n, int64_t k, int64_t ldy) {
 #if defined(INT8_DOT)
     if (int8_rows.q6_k_takes(rows)) return q6_int8::gemm(x, w, bias, y, rows, n, k, ldy);
+#elif defined(INT8_AVX2)
+    if (int8_rows.q6_k_takes(rows)) return avx2dot::gemm<QK>(x, w, bias, y, rows, n, k, ldy);
 #endif
 #if defined(BF16_DOT)
     if (rows <= BF16_GEMV_ROWS) return quant_gemv_q6_k_bf16(x, w, bias, y, rows, n, k, ldy);
@@ -259,6 +265,8 @@ extern "C" void quant_gemm_q6_k_int8_bf16(const BFloat16 *x, const uint8_t *w, c
                                           int64_t rows, int64_t n, int64_t k, int64_t ldy) {
 #if defined(INT8_DOT)
     q6_int8::gemm(x, w, bias, y, rows, n, k, ldy);
+#elif defined(INT8_AVX2)
+    avx2dot::gemm<QK>(x, w, bias, y, rows, n, k, ldy);
 #else
     quant_gemm_q6_k_lanes_bf16(x, w, bias, y, rows, n, k, ldy);
 #endif
@@ -266,6 +274,8 @@ extern "C" void quant_gemm_q6_k_int8_bf16(const BFloat16 *x, const uint8_t *w, c
 
 #if defined(INT8_DOT)
 extern "C" int int8_dot_available() { return 1; }
+#elif defined(INT8_AVX2)
+extern "C" int int8_dot_available() { return 2; }  // csrc/int8_avx2.h: GGUF Q4_0 and Q6_K rows, fp32 or bf16 x
 #else
 extern "C" int int8_dot_available() { return 0; }
 #endif

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dtypes.h"
+#include "int8_avx2.h"
 #include "moe.h"
 #include "mxfp4.h"
 #include "q6_k.h"
@@ -199,6 +200,10 @@ void gemv_rows(const float *x, const uint8_t *w, const T *bias, T *y, int64_t n,
 
 template <typename B, typename T>
 void gemv(const T *x, const uint8_t *w, const T *bias, T *y, int64_t rows, int64_t n, int64_t k, int64_t ldy) {
+#if defined(INT8_AVX2)
+    if constexpr (std::is_same_v<B, Q4_0>)
+        if (int8_rows.q4_0_takes(rows)) return avx2dot::gemm<32>(x, w, bias, y, rows, n, k, ldy);
+#endif
 #if defined(BF16_DOT)
     if constexpr (std::is_same_v<T, BFloat16> && std::is_same_v<B, Q4_0>)
         return bf16dot::gemv<bf16dot::Q4_0, MAX_ROWS>(x, w, bias, y, rows, n, k, ldy);
@@ -254,6 +259,17 @@ void dequant(const uint8_t *w, T *out, int64_t n, int64_t k) {
 // widened to fp32, then MAX_ROWS rows at a time, as gemv
 template <typename B, typename T>
 void moe_panels(const moe::ExpertGemm &e, int64_t first, int64_t last) {
+#if defined(INT8_AVX2)  // csrc/int8_avx2.h: x quantized per call (each thread its own copy: rows x k bytes)
+    constexpr bool q4_0 = std::is_same_v<B, Q4_0>, q6_k = std::is_same_v<B, Q6_K>;
+    if constexpr (q4_0 || q6_k)
+        if (q4_0 ? int8_rows.q4_0_takes(e.rows) : int8_rows.q6_k_takes(e.rows)) {
+            const avx2dot::X a = avx2dot::quantize(static_cast<const T *>(e.x), e.rows, e.k, B::QK);
+            for (int64_t j = first * moe::PANEL; j < std::min(e.n, last * moe::PANEL); j++)
+                avx2dot::column<B::QK>(a, e.rows, e.w, static_cast<const T *>(e.bias), static_cast<T *>(e.y), j,
+                                       e.ldy);
+            return;
+        }
+#endif
     std::vector<float> xf(e.rows * e.k);
     for (int64_t i = 0; i < int64_t(xf.size()); i++) xf[i] = to_float(static_cast<const T *>(e.x)[i]);
     const int64_t end = std::min(e.n, last * moe::PANEL);
@@ -311,4 +327,24 @@ extern "C" void quant_gemm_q4_1_bf16(const BFloat16 *x, const uint8_t *w, const 
 }
 #else
 extern "C" int quant_gemm_max_rows() { return 0; }
+#endif
+
+// Q4_0 up to Int8Rows::MAX_ROWS rows with int8 activations where the build has AVX2 and not AVX-512
+// (csrc/int8_avx2.h), fp32 or bf16 x; rows outside int8_rows' range: quant_gemv, 8 rows a call
+#if defined(INT8_AVX2)
+template <typename T>
+void avx2_gemm_q4_0(const T *x, const uint8_t *w, const T *bias, T *y, int64_t rows, int64_t n, int64_t k,
+                    int64_t ldy) {
+    if (int8_rows.q4_0_takes(rows)) return avx2dot::gemm<32>(x, w, bias, y, rows, n, k, ldy);
+    for (int64_t row = 0; row < rows; row += MAX_ROWS)
+        gemv<Q4_0>(x + row * k, w, bias, y + row * ldy, std::min<int64_t>(MAX_ROWS, rows - row), n, k, ldy);
+}
+extern "C" void quant_gemm_q4_0_f32(const float *x, const uint8_t *w, const float *bias, float *y, int64_t rows,
+                                    int64_t n, int64_t k, int64_t ldy) {
+    avx2_gemm_q4_0(x, w, bias, y, rows, n, k, ldy);
+}
+extern "C" void quant_gemm_q4_0_bf16(const BFloat16 *x, const uint8_t *w, const BFloat16 *bias, BFloat16 *y,
+                                     int64_t rows, int64_t n, int64_t k, int64_t ldy) {
+    avx2_gemm_q4_0(x, w, bias, y, rows, n, k, ldy);
+}
 #endif

@@ -1,0 +1,264 @@
+// GGUF Q4_0 and Q6_K products with int8 activations on CPUs with AVX2 but no AVX-512 (csrc/int8_dot.h's
+// VNNI paths need AVX512_VNNI): what llama.cpp's CPU backend does there (ggml_vec_dot_q4_0_q8_0,
+// ggml_vec_dot_q6_K_q8_K): VPMADDUBSW multiplies 32 unsigned weight bytes by 32 signed activation bytes
+// into 16 sums of pairs (int16: 2 * 63 * 127 at most, never saturated), VPMADDWD widens them to int32.
+// x is quantized once per call, as csrc/int8_dot.h does (per block of 32 for Q4_0, of 256 for Q6_K:
+// d = max |x_i| / 127, q_i = round(x_i / d) to nearest even), so the same error bound holds
+// (tests/engine/test_int8_dot.py). Weights stay in ggml's block layout and unsigned; their offsets (8,
+// 32) come back through x's block sums:
+//   Q4_0:  y += d_w * d_x * (sum_i u_i q_i - 8 S)            per block of 32
+//   Q6_K:  y += d_w * d_x * sum_s scale_s * (sum_i u_i q_i - 32 S_s)   per super-block, s its 16 sub-blocks
+// Q6_K's sums stay in int32 over a whole super-block (|sum| <= 256 * 32 * 127 * 128 < 2^31): one conversion
+// to fp32 a super-block. Output columns are split over the engine's OpenMP threads; each column's blocks
+// are decoded once per group of up to 8 rows, in registers (Q4_0) or an L1 buffer (Q6_K).
+// Included by csrc/quantized.cpp (quant_gemv_q4_0, quant_gemm_q4_0, the MoE experts' moe_panels_rows_q4_0 /
+// _q6_k) and csrc/q6_k_gemm.cpp (quant_gemm_q6_k)
+// where the build (-march) has AVX2, FMA and F16C and not AVX-512F; int8_rows says from which rows.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "dtypes.h"
+#include "int8_dot.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+#include <immintrin.h>
+#define INT8_AVX2 1
+
+namespace avx2dot {
+
+constexpr int GROUP = 8;  // rows a pass over a column: 8 fp32 accumulators in registers
+
+inline __m256 load8(const float *p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const BFloat16 *p) {  // 8 bf16 widened to fp32 (exact)
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))), 16));
+}
+
+inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+
+inline float hmax(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+
+inline float f16(const uint8_t *p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+// n values of x (a multiple of 32) as one block: q [n] int8, returns d; sums [n / 16]: each 16 q's sum
+template <typename T>
+inline float quantize_block(const T *x, int n, int8_t *q, int16_t *sums) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, load8(x + i)));
+    const float m = hmax(amax), d = m / 127.0f;
+    const __m256 inverse = _mm256_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane interleave
+    for (int i = 0; i < n; i += 32) {
+        __m256i v[4];
+        for (int j = 0; j < 4; j++) v[j] = _mm256_cvtps_epi32(_mm256_mul_ps(load8(x + i + 8 * j), inverse));
+        for (int j = 0; j < 4; j += 2) {  // 16 values' sum: two vectors of 8
+            const __m256i s = _mm256_add_epi32(v[j], v[j + 1]);
+            const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+            sums[(i + 16 * (j / 2)) / 16] = int16_t(_mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xB1))));
+        }
+        const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(q + i), _mm256_permutevar8x32_epi32(bytes, order));
+    }
+    return d;
+}
+
+struct X {  // x's rows quantized per block (Q4_0: 32; Q6_K: 256), block-major: a block's rows side by side
+    std::vector<int8_t> q;      // [blocks, rows, block]
+    std::vector<float> d;       // [blocks, rows]
+    std::vector<int16_t> sums;  // [blocks, rows, block / 16]: each 16 q's sum
+    std::vector<int32_t> neg;   // [blocks, rows] (Q4_0): minus the block's sum of q (a lane's share of -8 S)
+    int64_t rows, blocks;
+};
+
+template <typename T>
+X quantize(const T *x, int64_t rows, int64_t k, int block) {
+    const int64_t blocks = k / block;
+    X a{std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks), std::vector<int16_t>(rows * k / 16),
+        std::vector<int32_t>(rows * blocks), rows, blocks};
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < blocks; b++) {
+            const int64_t i = b * rows + r;
+            int16_t *sums = a.sums.data() + i * (block / 16);
+            a.d[i] = quantize_block(x + r * k + b * block, block, a.q.data() + i * block, sums);
+            a.neg[i] = -(sums[0] + sums[1]);  // Q4_0's (block 32: its two sums)
+        }
+    return a;
+}
+
+// ---- Q4_0: 18-byte blocks (fp16 d, 16 bytes: weights i and i + 16 in byte i's low and high nibbles) ----
+inline __m256i q4_0_bytes(const uint8_t *qs) {  // the 32 nibbles in x's order, as bytes 0..15
+    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(qs)));
+    const __m256i b = _mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4));  // the high lane's nibbles down
+    return _mm256_and_si256(b, _mm256_set1_epi8(15));
+}
+
+// every fp16 value as fp32 (256 KB, filled once): a block's d is one load, not a conversion through the
+// vector unit's shuffle ports (llama.cpp keeps the same table, ggml_table_f32_f16)
+inline const float *f16_table() {
+    static const std::vector<float> table = [] {
+        std::vector<float> t(65536);
+        for (int h = 0; h < 65536; h++) t[h] = _cvtsh_ss(uint16_t(h));
+        return t;
+    }();
+    return table.data();
+}
+
+// S accumulator sets (blocks b, b + 1, .. in turn): few rows would otherwise wait on one FMA chain
+template <int R, typename T>
+void q4_0_column(const X &x, int64_t row, const uint8_t *w, const T *bias, T *y, int64_t j, int64_t ldy) {
+    constexpr int S = R == 1 ? 4 : R <= 3 ? 2 : 1;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const float *half = f16_table();
+    const int64_t rows = x.rows, blocks = x.blocks;
+    __m256 acc[S][R];
+    for (int s = 0; s < S; s++)
+        for (int r = 0; r < R; r++) acc[s][r] = _mm256_setzero_ps();
+    const uint8_t *wb = w + j * blocks * 18;
+    const int8_t *q = x.q.data() + row * 32;  // block b's rows at q + b * rows * 32
+    const float *dx = x.d.data() + row;
+    const int32_t *neg = x.neg.data() + row;
+    int64_t b = 0;
+    for (; b < blocks; b += S) {
+        const int sets = int(std::min<int64_t>(S, blocks - b));
+        for (int s = 0; s < S; s++) {
+            if (s >= sets) break;
+            const uint8_t *block = wb + (b + s) * 18;
+            const __m256i u = q4_0_bytes(block + 2);
+            uint16_t h;
+            std::memcpy(&h, block, 2);
+            const __m256 dw = _mm256_broadcast_ss(half + h);
+            const int64_t at = (b + s) * rows;
+            for (int r = 0; r < R; r++) {
+                const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q + (at + r) * 32));
+                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, qv), ones);
+                p = _mm256_add_epi32(p, _mm256_set1_epi32(neg[at + r]));  // -S a lane: -8 S in all
+                const __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(dx + at + r));
+                acc[s][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[s][r]);
+            }
+        }
+    }
+    const float extra = bias ? to_float(bias[j]) : 0.0f;
+    for (int r = 0; r < R; r++) {
+        __m256 total = acc[0][r];
+        for (int s = 1; s < S; s++) total = _mm256_add_ps(total, acc[s][r]);
+        store(y[(row + r) * ldy + j], hsum(total) + extra);
+    }
+}
+
+// ---- Q6_K: 210-byte super-blocks (ql [128], qh [64], int8 scales [16], fp16 d; csrc/q6_k.h) ----
+struct Q6Decoded {
+    __m256i u[8];       // the 256 unsigned 6-bit integers in x's order, 32 a vector
+    __m256i scales[8];  // vector v's two sub-blocks' scales as int16: s[2 v] (low 128 bits), s[2 v + 1]
+    __m256i all;        // the 16 scales as int16, in order (for the offsets' term)
+    float d;
+};
+
+// VPSHUFB controls: pick m broadcasts int16 element 2 m to the low 128 bits, element 2 m + 1 to the high
+alignas(32) inline constexpr uint8_t SCALE_PICKS[4][32] = {
+    {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3},
+    {4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7},
+    {8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11},
+    {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13,
+     14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15},
+};
+
+inline void q6_k_decode(const uint8_t *b, Q6Decoded &o) {
+    const __m256i m15 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
+    for (int half = 0; half < 2; half++) {
+        const uint8_t *ql = b + 64 * half, *qh = b + 128 + 32 * half;
+        const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(ql));
+        const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(ql + 32));
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qh));
+        auto high2 = [&](int shift) {  // bits shift, shift + 1 of each qh byte, moved to bits 4, 5
+            const __m256i bits = _mm256_and_si256(_mm256_srli_epi16(h, shift), m3);
+            return _mm256_slli_epi16(bits, 4);  // no carries between bytes: bits 4-5 only
+        };
+        __m256i *u = o.u + 4 * half;
+        u[0] = _mm256_or_si256(_mm256_and_si256(lo, m15), high2(0));
+        u[1] = _mm256_or_si256(_mm256_and_si256(hi, m15), high2(2));
+        u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo, 4), m15), high2(4));
+        u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(hi, 4), m15), high2(6));
+    }
+    const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 192));
+    o.all = _mm256_cvtepi8_epi16(s8);
+    const __m256i first = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(s8));  // s[0..7] in both lanes
+    const __m256i second = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(s8, 8)));
+    for (int v = 0; v < 8; v++)  // int16 element 2 (v % 4) in the low lane, 2 (v % 4) + 1 in the high
+        o.scales[v] = _mm256_shuffle_epi8(v < 4 ? first : second,
+                                          _mm256_load_si256(reinterpret_cast<const __m256i *>(SCALE_PICKS[v % 4])));
+    o.d = f16(b + 208);
+}
+
+template <int R, typename T>
+void q6_k_column(const X &x, int64_t row, const uint8_t *w, const T *bias, T *y, int64_t j, int64_t ldy) {
+    __m256 acc[R];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    const uint8_t *blocks = w + j * x.blocks * 210;
+    Q6Decoded s;
+    for (int64_t b = 0; b < x.blocks; b++) {
+        q6_k_decode(blocks + b * 210, s);
+        for (int r = 0; r < R; r++) {
+            const int64_t i = b * x.rows + row + r;
+            const int8_t *q = x.q.data() + i * 256;
+            __m256i sum = _mm256_setzero_si256();
+            for (int v = 0; v < 8; v++) {
+                const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q + 32 * v));
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(s.u[v], qv), s.scales[v]));
+            }
+            const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x.sums.data() + i * 16));
+            sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(_mm256_madd_epi16(s.all, bsums), 5));  // -32 sum_s scale_s S_s
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(s.d * x.d[i]), acc[r]);
+        }
+    }
+    const float extra = bias ? to_float(bias[j]) : 0.0f;
+    for (int r = 0; r < R; r++) store(y[(row + r) * ldy + j], hsum(acc[r]) + extra);
+}
+
+// y [:, j] for x's rows (quantized as a), W Q4_0 (QK 32) or Q6_K (QK 256) blocks
+template <int QK, typename T>
+void column(const X &a, int64_t rows, const uint8_t *w, const T *bias, T *y, int64_t j, int64_t ldy) {
+    for (int64_t row = 0; row < rows; row += GROUP) {
+        auto run = [&](auto r) {
+            if constexpr (QK == 32) q4_0_column<decltype(r)::value>(a, row, w, bias, y, j, ldy);
+            else q6_k_column<decltype(r)::value>(a, row, w, bias, y, j, ldy);
+        };
+        switch (std::min<int64_t>(GROUP, rows - row)) {
+            case 1: run(std::integral_constant<int, 1>{}); break;
+            case 2: run(std::integral_constant<int, 2>{}); break;
+            case 3: run(std::integral_constant<int, 3>{}); break;
+            case 4: run(std::integral_constant<int, 4>{}); break;
+            case 5: run(std::integral_constant<int, 5>{}); break;
+            case 6: run(std::integral_constant<int, 6>{}); break;
+            case 7: run(std::integral_constant<int, 7>{}); break;
+            default: run(std::integral_constant<int, 8>{}); break;
+        }
+    }
+}
+
+// y [rows, n] (row stride ldy) = x [rows, k] @ W^T (+ bias), W Q4_0 (QK 32) or Q6_K (QK 256) blocks
+template <int QK, typename T>
+void gemm(const T *x, const uint8_t *w, const T *bias, T *y, int64_t rows, int64_t n, int64_t k, int64_t ldy) {
+    const X a = quantize(x, rows, k, QK);
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < n; j++) column<QK>(a, rows, w, bias, y, j, ldy);
+}
+
+}  // namespace avx2dot
+#endif
