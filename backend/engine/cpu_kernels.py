@@ -12,8 +12,8 @@ to the current user and nobody else may write them; otherwise it is rebuilt (or 
 Set PLAYGROUND_CPU_KERNELS=0 to force the pure-PyTorch paths, PLAYGROUND_CPU_KERNELS_MARCH to build
 for another -march than native (haswell: the AVX2 paths; x86-64: the plain C++ ones),
 PLAYGROUND_PREFILL_ATTENTION=0 to keep PyTorch's attention for prefill chunks only, PLAYGROUND_INT8_DOT=0 to
-keep the exact bf16 products where GGUF Q4_0 / Q6_K batches would round activations to int8 (csrc/int8_dot.h,
-docs/int8_activations.md).
+keep the exact bf16 (AVX2: fp32) products where GGUF Q4_0 / Q6_K rows would round activations to int8
+(csrc/int8_dot.h, csrc/int8_avx2.h, docs/int8_activations.md).
 """
 
 from __future__ import annotations
