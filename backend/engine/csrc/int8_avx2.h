@@ -22,6 +22,7 @@
 
 #include "dtypes.h"
 #include "int8_dot.h"
+#include "quant_vec.h"  // vsum: an AVX2 build's Vec is __m256
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
 #include <immintrin.h>
@@ -35,12 +36,6 @@ inline __m256 load8(const float *p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const BFloat16 *p) {  // 8 bf16 widened to fp32 (exact)
     return _mm256_castsi256_ps(
         _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))), 16));
-}
-
-inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
 }
 
 inline float hmax(__m256 v) {
@@ -158,7 +153,7 @@ void q4_0_column(const X &x, int64_t row, const uint8_t *w, const T *bias, T *y,
     for (int r = 0; r < R; r++) {
         __m256 total = acc[0][r];
         for (int s = 1; s < S; s++) total = _mm256_add_ps(total, acc[s][r]);
-        store(y[(row + r) * ldy + j], hsum(total) + extra);
+        store(y[(row + r) * ldy + j], vsum(total) + extra);
     }
 }
 
@@ -228,7 +223,7 @@ void q6_k_column(const X &x, int64_t row, const uint8_t *w, const T *bias, T *y,
         }
     }
     const float extra = bias ? to_float(bias[j]) : 0.0f;
-    for (int r = 0; r < R; r++) store(y[(row + r) * ldy + j], hsum(acc[r]) + extra);
+    for (int r = 0; r < R; r++) store(y[(row + r) * ldy + j], vsum(acc[r]) + extra);
 }
 
 // y [:, j] for x's rows (quantized as a), W Q4_0 (QK 32) or Q6_K (QK 256) blocks
