@@ -11,11 +11,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 
 from backend.engine.sampling_params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
+# JSON whitespace between tokens: vLLM allows any amount; a small model then pads until max_tokens. With
+# the separators below, llguidance (1.6) writes exactly ", " and ": " and no other whitespace.
+BOUNDED_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,16}"
 
 
 @dataclass(slots=True, frozen=True)
@@ -104,3 +111,15 @@ def check_structured_outputs(params: StructuredOutputsParams, limits: GrammarLim
 def _check_length(text: str, what: str, limit: int, name: str) -> None:
     if len(text) > limit:
         raise ValueError(f"{what} is {len(text):,} characters long; the limit is {limit:,} ({name})")
+
+
+def json_options(
+    disable_any_whitespace: bool = False, whitespace_pattern: str | None = None
+) -> JsonCompileOptions:
+    """llguidance's JSON options (also a schema's ``x-guidance`` key inside a Lark ``%json``): compact JSON,
+    or json.dumps' separators ", " and ": " (what a chat template's ``tojson`` writes) and no padding."""
+    options: JsonCompileOptions = {"whitespace_flexible": not disable_any_whitespace}
+    if not disable_any_whitespace:
+        options["item_separator"], options["key_separator"] = ", ", ": "
+        options["whitespace_pattern"] = whitespace_pattern or BOUNDED_WHITESPACE
+    return options

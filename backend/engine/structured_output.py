@@ -22,12 +22,10 @@ import llguidance
 import llguidance.hf
 import torch
 
-from backend.engine.grammar_limits import check_structured_outputs, parser_limits
+from backend.engine.grammar_limits import check_structured_outputs, json_options, parser_limits
 from backend.engine.sampling_params import StructuredOutputsParams
 
 CACHE_SIZE = 256  # distinct grammars kept compiled; each matcher template is a few hundred KiB at most
-# JSON whitespace between tokens: vLLM allows any amount; a small model then pads until max_tokens.
-BOUNDED_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,16}"
 
 
 class Grammar:
@@ -64,10 +62,7 @@ def grammar_source(params: StructuredOutputsParams) -> str:
     schema: Any = {"type": "object"} if params.json_object else params.json
     if schema is True:
         schema = {}
-    options: Any = {"whitespace_flexible": not params.disable_any_whitespace}
-    if not params.disable_any_whitespace:
-        options["item_separator"], options["key_separator"] = ", ", ": "
-        options["whitespace_pattern"] = params.whitespace_pattern or BOUNDED_WHITESPACE
+    options = json_options(params.disable_any_whitespace, params.whitespace_pattern)
     if params.disable_additional_properties:
         schema = _no_additional_properties(schema)
     return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)

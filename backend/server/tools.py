@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from backend.engine.grammar_limits import json_options
 from backend.engine.sampling_params import StructuredOutputsParams
 from backend.server.errors import OpenAIError
 from backend.server.tool_parsers import (
@@ -136,8 +137,10 @@ def harmony_tool_constraint(
     """The grammar that makes "required" and named calls always parse for a harmony model (gpt-oss), in
     the shape it was trained to write (OpenAI's harmony format): an optional analysis message (its
     reasoning, unconstrained), then one commentary message to ``functions.NAME``, constrained to json,
-    whose text is the arguments, closed by ``<|call|>`` (where harmony stops: one call per turn). None for
-    "none" and "auto". Names are ``[A-Za-z0-9_.-]`` (FunctionDefinition), safe in a Lark string."""
+    whose text is the arguments as compact JSON (as OpenAI's harmony guide writes a call; with free
+    whitespace a model may pad the arguments until max_tokens), closed by ``<|call|>`` (where harmony
+    stops: one call per turn). None for "none" and "auto". Names are ``[A-Za-z0-9_.-]``
+    (FunctionDefinition), safe in Lark."""
     if isinstance(tool_choice, NamedToolChoice):
         functions = [t.function for t in tools or [] if t.function.name == tool_choice.function.name]
     elif tool_choice == "required":
@@ -151,7 +154,9 @@ def harmony_tool_constraint(
     ]
     for i, function in enumerate(functions):
         head = f'<|channel|> "commentary to=functions.{function.name} " <|constrain|> "json" <|message|>'
-        rules += [f"call_{i}: {head} args_{i} <|call|>", f"args_{i}: %json {json.dumps(function.parameters)}"]
+        compact = {"x-guidance": json_options(disable_any_whitespace=True)}
+        schema = compact | function.parameters  # a tool's own x-guidance wins
+        rules += [f"call_{i}: {head} args_{i} <|call|>", f"args_{i}: %json {json.dumps(schema)}"]
     return StructuredOutputsParams(grammar="\n".join(rules))
 
 

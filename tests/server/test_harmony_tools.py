@@ -256,12 +256,16 @@ def test_a_forced_call_is_held_to_harmony_call_shape(tokenizer):
     )
     assert required is not None and named is not None and required.grammar and named.grammar
     call = (
-        '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>'
+        '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris"}<|call|>'
     )
     thought = "<|channel|>analysis<|message|>Need the weather.\nUse <tool>.<|end|><|start|>assistant"
     for grammar in (required.grammar, named.grammar):
         assert accepts(tokenizer, grammar, call) and accepts(tokenizer, grammar, thought + call)
         assert not accepts(tokenizer, grammar, call.replace('"city"', '"town"'))
+        # compact JSON, as OpenAI's harmony guide writes a call: free whitespace lets a model pad the
+        # arguments until max_tokens
+        assert not accepts(tokenizer, grammar, call.replace('{"city":', '{"city": '))
+        assert not accepts(tokenizer, grammar, call.replace('{"city":', '{\n"city":'))
         assert not accepts(tokenizer, grammar, '[{"name": "get_weather", "parameters": {"city": "Paris"}}]')
     other = harmony_tool_constraint(
         [*tools, Tool.model_validate({"function": {"name": "get_time"}})],

@@ -290,20 +290,20 @@ def test_responses_carry_the_analysis_as_a_reasoning_item_whole_and_streamed(cli
     assert kinds[-1] == "response.completed"
 
 
-TWO_TOOLS = [
-    *TOOLS,
-    {
+def bounded_tool(name: str, description: str, argument: str) -> dict:
+    """A tool with one string argument of at most 16 characters: a random model never closes a free string
+    (it writes until max_tokens), so the schema bounds it, as a real tool's might (a city, a time zone)."""
+    string = {"type": "string", "maxLength": 16}
+    parameters = {"type": "object", "properties": {argument: string}, "required": [argument]}
+    return {
         "type": "function",
-        "function": {
-            "name": "get_time",
-            "description": "The local time in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"zone": {"type": "string"}},
-                "required": ["zone"],
-            },
-        },
-    },
+        "function": {"name": name, "description": description, "parameters": parameters},
+    }
+
+
+TWO_TOOLS = [
+    bounded_tool("get_weather", "The weather in a city", "city"),
+    bounded_tool("get_time", "The local time in a city", "zone"),
 ]
 FORCED_CALL = re.compile(
     r"(?:<\|channel\|>analysis<\|message\|>(?P<reasoning>.*)<\|end\|><\|start\|>assistant)?"
