@@ -9,6 +9,10 @@ from typing import Any
 
 from backend.export.process import ManagedServer
 
+# the page re-renders the whole reply on each update: one a token (vLLM streams a chunk a token) falls
+# behind on busy cores and freezes the tab until it catches up; 20 a second reads as live
+PAGE_INTERVAL_S = 0.05
+
 
 def request_body(system: str, history: list[dict[str, str]], params: Any) -> dict[str, Any]:
     """The chat form as chat.completions arguments (vLLM's extra sampling fields in extra_body)."""
@@ -33,11 +37,12 @@ async def stream_reply(
     server: ManagedServer, system: str, history: list[dict[str, str]], params: Any, info: dict[str, Any]
 ) -> AsyncIterator[tuple[str, str]]:
     """Yields (reasoning, text) so far (vLLM's reasoning_content, e.g. gpt-oss's analysis channel, and the
-    answer); fills info with first_token (a time), tokens and finish."""
+    answer), at most one update per PAGE_INTERVAL_S and always the whole reply last; fills info with
+    first_token (a time), tokens and finish."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=server.base_url, api_key="EMPTY", max_retries=0)
-    reasoning, text = "", ""
+    reasoning, text, shown, held = "", "", float("-inf"), False
     info.update(first_token=None, tokens=0, finish="?")
     stream = await client.chat.completions.create(
         model=server.served_name, **request_body(system, history, params)
@@ -55,4 +60,9 @@ async def stream_reply(
             if info["first_token"] is None:
                 info["first_token"] = time.time()
             reasoning, text = reasoning + thought, text + (choice.delta.content or "")
-            yield reasoning, text
+            held = time.monotonic() - shown < PAGE_INTERVAL_S
+            if not held:
+                shown = time.monotonic()
+                yield reasoning, text
+    if held:
+        yield reasoning, text
