@@ -47,14 +47,15 @@ def random_weight(qtype: str, n: int, k: int, generator: torch.Generator) -> Qua
     return QuantizedWeight(qtype, data.view(n, -1), (n, k))
 
 
-def as_stored_product(x: torch.Tensor, weight: QuantizedWeight, out: torch.Tensor) -> None:
+def as_stored_product(x: torch.Tensor, weight: QuantizedWeight, out: torch.Tensor, int8_rows: bool) -> None:
     """An AVX2 build's product of GGUF blocks as stored, by the engine's choice of kernel for these rows
-    (QuantizedLinear.forward): the int8 rows (int8_rows) or quant_gemv, else decoded fp32 and torch's GEMM."""
+    (QuantizedLinear.forward): the int8 rows (int8_rows: set_int8_dot_rows turned them on) or quant_gemv,
+    else decoded fp32 and torch's GEMM."""
     rows = x.shape[0]
     if weight.qtype == "q6_k" or rows <= cpu_kernels.QUANT_GEMV_MAX_ROWS:
         kernel = cpu_kernels.quant_gemm if weight.qtype == "q6_k" else cpu_kernels.quant_gemv
         kernel(x, weight.data, weight.qtype, None, out)
-    elif SETTING[0]:
+    elif int8_rows:
         cpu_kernels.quant_gemm(x, weight.data, weight.qtype, None, out)
     else:  # QuantizedLinear.tiled_matmul: tiles of rows decoded into a cache-sized buffer
         n, k = weight.shape
@@ -66,13 +67,14 @@ def as_stored_product(x: torch.Tensor, weight: QuantizedWeight, out: torch.Tenso
             torch.mm(x, decoded.t(), out=out[:, first:last])
 
 
-SETTING = [0, 0]  # the int8 rows best_ms set last (as_stored_product's choice)
-
-
 def step_calls(
-    rows: int, layers: list[dict[str, Interleaved | QuantizedWeight]], lm_head: QuantizedWeight
+    rows: int,
+    layers: list[dict[str, Interleaved | QuantizedWeight]],
+    lm_head: QuantizedWeight,
+    int8_rows: bool,
 ) -> tuple[Callable[[], None], Callable[[], None]]:
-    """One decode step's matrix products for rows sequences: (the 16 layers', the lm_head's)."""
+    """One decode step's matrix products for rows sequences: (the 16 layers', the lm_head's), the int8 row
+    kernels on or off (best_ms sets the kernels' own switch to match)."""
     dtype = torch.bfloat16 if cpu_kernels.int8_dot_available() else torch.float32
     x = {name: torch.randn(rows, shape[1]).to(dtype) for name, shape in LAYER_SHAPES.items()}
     out = {name: torch.empty(rows, shape[0], dtype=dtype) for name, shape in LAYER_SHAPES.items()}
@@ -84,7 +86,7 @@ def step_calls(
                 if isinstance(part, Interleaved):
                     cpu_kernels.interleaved_gemm(x[name], part, None, out[name])
                 else:
-                    as_stored_product(x[name], part, out[name])
+                    as_stored_product(x[name], part, out[name], int8_rows)
 
     def head_product() -> None:
         cpu_kernels.quant_gemm(head_x, lm_head.data, "q6_k", None, logits)
@@ -99,7 +101,6 @@ def best_ms(calls: dict[str, tuple[tuple[int, int], Callable[[], None]]], repeat
     for round_number in range(repeat + 1):
         for name, (setting, call) in calls.items():
             cpu_kernels.set_int8_dot_rows(*setting)
-            SETTING[:] = setting
             start = time.perf_counter()
             call()
             if round_number:
@@ -124,14 +125,15 @@ def main(args: argparse.Namespace) -> int:
     exact = "bf16" if kind == "avx512_vnni" else "fp32"
     print(f"rows   layers: {exact}     int8  ratio   lm_head: {exact}     int8  ratio   step ratio")
     for rows in args.rows:
-        layer_products, head_product = step_calls(rows, layers, lm_head)
+        exact_layers, exact_head = step_calls(rows, layers, lm_head, int8_rows=False)
+        int8_layers, int8_head = step_calls(rows, layers, lm_head, int8_rows=True)
         bf16, int8 = (0, 0), (1, 1)
         ms = best_ms(
             {
-                "layers bf16": (bf16, layer_products),
-                "layers int8": (int8, layer_products),
-                "head bf16": (bf16, head_product),
-                "head int8": (int8, head_product),
+                "layers bf16": (bf16, exact_layers),
+                "layers int8": (int8, int8_layers),
+                "head bf16": (bf16, exact_head),
+                "head int8": (int8, int8_head),
             },
             args.repeat,
         )

@@ -9,8 +9,10 @@
 //   Q4_0:  y += d_w * d_x * (sum_i u_i q_i - 8 S)            per block of 32
 //   Q6_K:  y += d_w * d_x * sum_s scale_s * (sum_i u_i q_i - 32 S_s)   per super-block, s its 16 sub-blocks
 // Q6_K's sums stay in int32 over a whole super-block (|sum| <= 256 * 32 * 127 * 128 < 2^31): one conversion
-// to fp32 a super-block. Output columns are split over the engine's OpenMP threads; each column's blocks
-// are decoded once per group of up to 8 rows, in registers (Q4_0) or an L1 buffer (Q6_K).
+// to fp32 a super-block. Output columns are split over the engine's OpenMP threads. Q4_0 multiplies 8
+// columns at a time from 2 rows (q4_0_tile: their blocks decoded once for all rows, columns in int32
+// lanes), one row a column at a time (q4_0_column: one stream from memory); Q6_K a column at a time, its
+// super-blocks decoded once per group of up to 8 rows.
 // Included by csrc/quantized.cpp (quant_gemv_q4_0, quant_gemm_q4_0, the MoE experts' moe_panels_rows_q4_0 /
 // _q6_k) and csrc/q6_k_gemm.cpp (quant_gemm_q6_k)
 // where the build (-march) has AVX2, FMA and F16C and not AVX-512F; int8_rows says from which rows.
@@ -30,7 +32,7 @@
 
 namespace avx2dot {
 
-constexpr int GROUP = 8;  // rows a pass over a column: 8 fp32 accumulators in registers
+constexpr int GROUP = 8;  // rows a pass over a Q6_K column: 8 fp32 accumulators in registers
 
 inline __m256 load8(const float *p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const BFloat16 *p) {  // 8 bf16 widened to fp32 (exact)
@@ -78,21 +80,22 @@ struct X {  // x's rows quantized per block (Q4_0: 32; Q6_K: 256), block-major: 
     std::vector<int8_t> q;      // [blocks, rows, block]
     std::vector<float> d;       // [blocks, rows]
     std::vector<int16_t> sums;  // [blocks, rows, block / 16]: each 16 q's sum
-    std::vector<int32_t> neg;   // [blocks, rows] (Q4_0): minus the block's sum of q (a lane's share of -8 S)
+    std::vector<int32_t> corr;  // [blocks, rows], Q4_0 only: -8 S, S the block's sum of q (Q4_0's offset 8)
     int64_t rows, blocks;
 };
 
 template <typename T>
 X quantize(const T *x, int64_t rows, int64_t k, int block) {
     const int64_t blocks = k / block;
+    const bool q4_0 = block == 32;  // only Q4_0's kernel reads corr
     X a{std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks), std::vector<int16_t>(rows * k / 16),
-        std::vector<int32_t>(rows * blocks), rows, blocks};
+        std::vector<int32_t>(q4_0 ? rows * blocks : 0), rows, blocks};
     for (int64_t r = 0; r < rows; r++)
         for (int64_t b = 0; b < blocks; b++) {
             const int64_t i = b * rows + r;
             int16_t *sums = a.sums.data() + i * (block / 16);
             a.d[i] = quantize_block(x + r * k + b * block, block, a.q.data() + i * block, sums);
-            a.neg[i] = -(sums[0] + sums[1]);  // Q4_0's (block 32: its two sums)
+            if (q4_0) a.corr[i] = -8 * (sums[0] + sums[1]);  // the block's two sums of 16
         }
     return a;
 }
@@ -128,7 +131,7 @@ void q4_0_column(const X &x, int64_t row, const uint8_t *w, const T *bias, T *y,
     const uint8_t *wb = w + j * blocks * 18;
     const int8_t *q = x.q.data() + row * 32;  // block b's rows at q + b * rows * 32
     const float *dx = x.d.data() + row;
-    const int32_t *neg = x.neg.data() + row;
+    const int32_t *corr = x.corr.data() + row;
     int64_t b = 0;
     for (; b < blocks; b += S) {
         const int sets = int(std::min<int64_t>(S, blocks - b));
@@ -143,7 +146,7 @@ void q4_0_column(const X &x, int64_t row, const uint8_t *w, const T *bias, T *y,
             for (int r = 0; r < R; r++) {
                 const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q + (at + r) * 32));
                 __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, qv), ones);
-                p = _mm256_add_epi32(p, _mm256_set1_epi32(neg[at + r]));  // -S a lane: -8 S in all
+                p = _mm256_add_epi32(p, _mm256_set1_epi32(corr[at + r] / 8));  // -S a lane: -8 S in all
                 const __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(dx + at + r));
                 acc[s][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[s][r]);
             }
@@ -154,6 +157,79 @@ void q4_0_column(const X &x, int64_t row, const uint8_t *w, const T *bias, T *y,
         __m256 total = acc[0][r];
         for (int s = 1; s < S; s++) total = _mm256_add_ps(total, acc[s][r]);
         store(y[(row + r) * ldy + j], vsum(total) + extra);
+    }
+}
+
+// A tile: one block of 8 output columns with each column's 16 bytes in an int32 lane. Dword v of a block
+// holds weights 4v..4v+3 (low nibbles) and 16+4v..16+4v+3 (high): transposing the 8 columns' 4 dwords puts
+// column c's dword v in lane c of T_v, and u[v] / u[4 + v] are its low / high nibbles as bytes. VPMADDUBSW
+// of u[v] with a broadcast quad of x (x's 4 values at the same k) gives each column's two pair sums; the 8
+// quads' int16 sums add up without saturating (8 * 2 * 15 * 127 < 2^15), one VPMADDWD widens them: 9
+// integer multiplies per row, block and 8 columns (llama.cpp's AVX2 Q4_0 8x8 GEMM), where one column at a
+// time took 16. Columns past n repeat the last one (read, never stored).
+struct Q4Tile {
+    __m256i u[8];  // u[v]: the 8 columns' weights 4v..4v+3 (v < 4), 16+4(v-4).. (v >= 4), unsigned bytes
+    __m256 d;      // the 8 columns' d
+};
+
+inline __m256i pair128(const uint8_t *low, const uint8_t *high) {  // 16 bytes at low | 16 at high
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(low))),
+                                   _mm_loadu_si128(reinterpret_cast<const __m128i *>(high)), 1);
+}
+
+inline void q4_0_tile(const uint8_t *const block[8], Q4Tile &t) {  // block[c]: column c's 18-byte block
+    const __m256i a0 = pair128(block[0] + 2, block[4] + 2), a1 = pair128(block[1] + 2, block[5] + 2);
+    const __m256i a2 = pair128(block[2] + 2, block[6] + 2), a3 = pair128(block[3] + 2, block[7] + 2);
+    const __m256i t0 = _mm256_unpacklo_epi32(a0, a1), t1 = _mm256_unpackhi_epi32(a0, a1);
+    const __m256i t2 = _mm256_unpacklo_epi32(a2, a3), t3 = _mm256_unpackhi_epi32(a2, a3);
+    const __m256i dwords[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
+                               _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+    const __m256i m15 = _mm256_set1_epi8(15);
+    for (int v = 0; v < 4; v++) {
+        t.u[v] = _mm256_and_si256(dwords[v], m15);
+        t.u[4 + v] = _mm256_and_si256(_mm256_srli_epi16(dwords[v], 4), m15);
+    }
+    uint16_t h[8];  // built in a register (vpinsrw), not stored and reloaded: a reload waits for 8 stores
+    for (int c = 0; c < 8; c++) std::memcpy(h + c, block[c], 2);
+    t.d = _mm256_cvtph_ps(_mm_setr_epi16(short(h[0]), short(h[1]), short(h[2]), short(h[3]), short(h[4]),
+                                         short(h[5]), short(h[6]), short(h[7])));
+}
+
+inline __m256i quad(const int8_t *q) {  // x's 4 int8 at q in every int32 lane
+    int32_t v;
+    std::memcpy(&v, q, 4);
+    return _mm256_set1_epi32(v);
+}
+
+// y [:, j0 .. j0 + 8) (those below n) for all of x's rows (at most Int8Rows::MAX_ROWS: int8_rows' range)
+template <typename T>
+void q4_0_columns(const X &x, const uint8_t *w, const T *bias, T *y, int64_t j0, int64_t n, int64_t ldy) {
+    const int64_t rows = x.rows, blocks = x.blocks;
+    __m256 acc[Int8Rows::MAX_ROWS];
+    const __m256i ones = _mm256_set1_epi16(1);
+    const uint8_t *column[8];
+    for (int c = 0; c < 8; c++) column[c] = w + std::min(j0 + c, n - 1) * blocks * 18;
+    for (int64_t r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
+    Q4Tile t;
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *block[8];
+        for (int c = 0; c < 8; c++) block[c] = column[c] + b * 18;
+        q4_0_tile(block, t);
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t i = b * rows + r;
+            const int8_t *q = x.q.data() + i * 32;
+            __m256i s = _mm256_maddubs_epi16(t.u[0], quad(q));
+            for (int v = 1; v < 8; v++)
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(t.u[v], quad(q + (v < 4 ? 4 * v : 16 + 4 * (v - 4)))));
+            const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(s, ones), _mm256_set1_epi32(x.corr[i]));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(t.d, _mm256_set1_ps(x.d[i])), acc[r]);
+        }
+    }
+    const int cols = int(std::min<int64_t>(8, n - j0));
+    for (int64_t r = 0; r < rows; r++) {
+        alignas(32) float out[8];
+        _mm256_store_ps(out, acc[r]);
+        for (int c = 0; c < cols; c++) store(y[r * ldy + j0 + c], out[c] + (bias ? to_float(bias[j0 + c]) : 0.0f));
     }
 }
 
@@ -226,24 +302,31 @@ void q6_k_column(const X &x, int64_t row, const uint8_t *w, const T *bias, T *y,
     for (int r = 0; r < R; r++) store(y[(row + r) * ldy + j], vsum(acc[r]) + extra);
 }
 
-// y [:, j] for x's rows (quantized as a), W Q4_0 (QK 32) or Q6_K (QK 256) blocks
+// y [:, first .. end) for x's rows (quantized as a), W Q4_0 (QK 32: 8 columns a tile) or Q6_K
+// (QK 256: a column at a time, in groups of up to 8 rows)
 template <int QK, typename T>
-void column(const X &a, int64_t rows, const uint8_t *w, const T *bias, T *y, int64_t j, int64_t ldy) {
-    for (int64_t row = 0; row < rows; row += GROUP) {
-        auto run = [&](auto r) {
-            if constexpr (QK == 32) q4_0_column<decltype(r)::value>(a, row, w, bias, y, j, ldy);
-            else q6_k_column<decltype(r)::value>(a, row, w, bias, y, j, ldy);
-        };
-        switch (std::min<int64_t>(GROUP, rows - row)) {
-            case 1: run(std::integral_constant<int, 1>{}); break;
-            case 2: run(std::integral_constant<int, 2>{}); break;
-            case 3: run(std::integral_constant<int, 3>{}); break;
-            case 4: run(std::integral_constant<int, 4>{}); break;
-            case 5: run(std::integral_constant<int, 5>{}); break;
-            case 6: run(std::integral_constant<int, 6>{}); break;
-            case 7: run(std::integral_constant<int, 7>{}); break;
-            default: run(std::integral_constant<int, 8>{}); break;
+void columns(const X &a, const uint8_t *w, const T *bias, T *y, int64_t first, int64_t end, int64_t ldy) {
+    if constexpr (QK == 32) {
+        if (a.rows == 1) {  // one row streams each column's blocks in turn (faster from memory: performance.md)
+            for (int64_t j = first; j < end; j++) q4_0_column<1>(a, 0, w, bias, y, j, ldy);
+            return;
         }
+        for (int64_t j = first; j < end; j += 8) q4_0_columns(a, w, bias, y, j, end, ldy);
+    } else {
+        for (int64_t j = first; j < end; j++)
+            for (int64_t row = 0; row < a.rows; row += GROUP) {
+                auto run = [&](auto r) { q6_k_column<decltype(r)::value>(a, row, w, bias, y, j, ldy); };
+                switch (std::min<int64_t>(GROUP, a.rows - row)) {
+                    case 1: run(std::integral_constant<int, 1>{}); break;
+                    case 2: run(std::integral_constant<int, 2>{}); break;
+                    case 3: run(std::integral_constant<int, 3>{}); break;
+                    case 4: run(std::integral_constant<int, 4>{}); break;
+                    case 5: run(std::integral_constant<int, 5>{}); break;
+                    case 6: run(std::integral_constant<int, 6>{}); break;
+                    case 7: run(std::integral_constant<int, 7>{}); break;
+                    default: run(std::integral_constant<int, 8>{}); break;
+                }
+            }
     }
 }
 
@@ -251,8 +334,9 @@ void column(const X &a, int64_t rows, const uint8_t *w, const T *bias, T *y, int
 template <int QK, typename T>
 void gemm(const T *x, const uint8_t *w, const T *bias, T *y, int64_t rows, int64_t n, int64_t k, int64_t ldy) {
     const X a = quantize(x, rows, k, QK);
+    constexpr int64_t STEP = QK == 32 ? 8 : 1;  // columns a unit of work
 #pragma omp parallel for schedule(static)
-    for (int64_t j = 0; j < n; j++) column<QK>(a, rows, w, bias, y, j, ldy);
+    for (int64_t j = 0; j < n; j += STEP) columns<QK>(a, w, bias, y, j, std::min(j + STEP, n), ldy);
 }
 
 }  // namespace avx2dot

@@ -264,9 +264,8 @@ void moe_panels(const moe::ExpertGemm &e, int64_t first, int64_t last) {
     if constexpr (q4_0 || q6_k)
         if (q4_0 ? int8_rows.q4_0_takes(e.rows) : int8_rows.q6_k_takes(e.rows)) {
             const avx2dot::X a = avx2dot::quantize(static_cast<const T *>(e.x), e.rows, e.k, B::QK);
-            for (int64_t j = first * moe::PANEL; j < std::min(e.n, last * moe::PANEL); j++)
-                avx2dot::column<B::QK>(a, e.rows, e.w, static_cast<const T *>(e.bias), static_cast<T *>(e.y), j,
-                                       e.ldy);
+            avx2dot::columns<B::QK>(a, e.w, static_cast<const T *>(e.bias), static_cast<T *>(e.y),
+                                    first * moe::PANEL, std::min(e.n, last * moe::PANEL), e.ldy);
             return;
         }
 #endif
