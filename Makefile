@@ -20,7 +20,13 @@ LLAMA_DIR := .cache/llama.cpp
 LLAMA_SDIST := $(LLAMA_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz
 LLAMA_SRC := $(LLAMA_DIR)/src-$(LLAMA_CPP_PYTHON)
 LLAMA_SRC_STAMP := $(LLAMA_SRC)/.unpacked
-LLAMA_BUILD := $(LLAMA_DIR)/build-$(LLAMA_CPP_PYTHON)
+# PLAYGROUND_CPU_ISA=avx2 (backend/cpu_features.py): ggml's AVX2 build (GGML_NATIVE=OFF: SSE4.2, AVX, AVX2,
+# BMI2, FMA, F16C), in a folder of its own, for the AVX2 paths benched on a CPU with AVX-512
+ifneq ($(filter-out avx2,$(PLAYGROUND_CPU_ISA)),)
+$(error PLAYGROUND_CPU_ISA=$(PLAYGROUND_CPU_ISA): allowed values are avx2 (or unset))
+endif
+LLAMA_BUILD := $(LLAMA_DIR)/build-$(LLAMA_CPP_PYTHON)$(if $(PLAYGROUND_CPU_ISA),-$(PLAYGROUND_CPU_ISA))
+LLAMA_NATIVE := $(if $(PLAYGROUND_CPU_ISA),OFF,ON)
 LLAMA_TOOLS := llama-bench llama-batched-bench llama-quantize
 LLAMA_JOBS ?= $(shell nproc)
 
@@ -91,9 +97,10 @@ $(LLAMA_SRC_STAMP): $(LLAMA_SDIST)
 	tar xzf $(LLAMA_SDIST) -C $(LLAMA_SRC) --strip-components=3 llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
 	touch $@
 
-# CPU only, tuned for this machine (GGML_NATIVE); about 20 minutes on 2 cores. No test needs it.
+# CPU only, tuned for this machine (GGML_NATIVE; see PLAYGROUND_CPU_ISA above); about 20 minutes on 2 cores.
+# No test needs it.
 $(LLAMA_BUILD)/.built: $(LLAMA_SRC_STAMP)
-	cmake -S $(LLAMA_SRC) -B $(LLAMA_BUILD) -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+	cmake -S $(LLAMA_SRC) -B $(LLAMA_BUILD) -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=$(LLAMA_NATIVE) \
 		-DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
 	cmake --build $(LLAMA_BUILD) -j $(LLAMA_JOBS) --target $(LLAMA_TOOLS)
 	touch $@

@@ -4,6 +4,10 @@ cpu_features(); nothing else opens /proc/cpuinfo.
 
 Off Linux (no /proc/cpuinfo) the flags are empty, so every feature reads as absent and the engine takes its
 portable paths; the model name falls back to the platform's.
+
+PLAYGROUND_CPU_ISA=avx2 makes a CPU with AVX-512 or AMX act as one with AVX2 only (its avx512* and amx*
+flags hidden; the kernels built for -march=haswell, llama.cpp's AVX2 build beside them): the AVX2 paths
+tested and benched on any x86 machine, as the CPUs this project meets differ from one machine to the next.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import psutil
 CPUINFO = Path("/proc/cpuinfo")
 # x86 flags as Linux names them (arch/x86/include/asm/cpufeatures.h); the ones the engine chooses by
 AVX512_CORE = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd")  # what -march=skylake-avx512 uses
+ISA_VARIABLE = "PLAYGROUND_CPU_ISA"
+ISA_HIDDEN = {"avx2": ("avx512", "amx", "avx_vnni")}  # the flags' prefixes each ISA setting hides
 
 
 @dataclass(slots=True, frozen=True)
@@ -65,12 +71,29 @@ def parse_cpuinfo(text: str, logical_cores: int = 1, physical_cores: int = 1) ->
     return CPUFeatures(name, tuple(fields.get("flags", "").split()), logical_cores, physical_cores)
 
 
+def cpu_isa() -> str:
+    """PLAYGROUND_CPU_ISA: "" (the CPU as it is) or the instruction set it acts as ("avx2")."""
+    value = os.environ.get(ISA_VARIABLE, "").strip().lower()
+    if value and value not in ISA_HIDDEN:
+        raise ValueError(f"{ISA_VARIABLE}={value!r}: allowed values are {', '.join(ISA_HIDDEN)} (or unset)")
+    return value
+
+
+def hide_flags(features: CPUFeatures, isa: str) -> CPUFeatures:
+    """features as a CPU acting as isa (a key of ISA_HIDDEN, or "": unchanged) reports them."""
+    if not isa:
+        return features
+    flags = tuple(f for f in features.flags if not f.startswith(ISA_HIDDEN[isa]))
+    return CPUFeatures(features.model_name, flags, features.logical_cores, features.physical_cores)
+
+
 @cache
 def cpu_features() -> CPUFeatures:
-    """This machine's CPU (read once per process)."""
+    """This machine's CPU (read once per process), as PLAYGROUND_CPU_ISA makes it act."""
     try:
         text = CPUINFO.read_text()
     except OSError:
         text = ""
     logical = os.cpu_count() or 1
-    return parse_cpuinfo(text, logical, psutil.cpu_count(logical=False) or logical)
+    features = parse_cpuinfo(text, logical, psutil.cpu_count(logical=False) or logical)
+    return hide_flags(features, cpu_isa())

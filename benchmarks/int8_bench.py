@@ -11,18 +11,23 @@ untimed, the two alternating) of the bf16 kernels (int8 paths off) and of the in
 (bf16 time / int8 time: above 1, int8 is faster); cpu_kernels.INT8_Q4_0_MIN_ROWS / INT8_Q6_K_MIN_ROWS are
 chosen from it. On an AVX2 build (no AVX-512) the engine computes in fp32 and keeps the blocks as stored:
 the columns headed bf16 are then its exact fp32 paths (quant_gemv up to 8 rows, past that the blocks
-decoded to fp32 for torch's GEMM, as QuantizedLinear.tiled_matmul), and INT8_AVX2_*_MIN_ROWS come from it.
+decoded to fp32 for torch's GEMM, as QuantizedLinear.tiled_matmul), and the int8 columns its Q4_0 layers
+in 8-column tiles (column_tiles, csrc/quantized.cpp q4_0x8_gemm) as it loads them; INT8_AVX2_*_MIN_ROWS come
+from it. PLAYGROUND_CPU_ISA=avx2 runs the AVX2 kernels on a CPU with AVX-512.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from backend.bench.machine import rerun_with_torch_isa
 from backend.engine import cpu_kernels
+from backend.engine.quantization import column_tiles
+from backend.engine.quantization.column_tiles import ColumnTiles
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.interleaved import Interleaved, interleave
 from backend.engine.quantization.quantized_linear import TILE_WEIGHTS
@@ -69,7 +74,7 @@ def as_stored_product(x: torch.Tensor, weight: QuantizedWeight, out: torch.Tenso
 
 def step_calls(
     rows: int,
-    layers: list[dict[str, Interleaved | QuantizedWeight]],
+    layers: Sequence[Mapping[str, Interleaved | ColumnTiles | QuantizedWeight]],
     lm_head: QuantizedWeight,
     int8_rows: bool,
 ) -> tuple[Callable[[], None], Callable[[], None]]:
@@ -85,6 +90,8 @@ def step_calls(
             for name, part in layers[layer % len(layers)].items():
                 if isinstance(part, Interleaved):
                     cpu_kernels.interleaved_gemm(x[name], part, None, out[name])
+                elif isinstance(part, ColumnTiles):
+                    cpu_kernels.column_tiles_gemm(x[name], part, None, out[name])
                 else:
                     as_stored_product(x[name], part, out[name], int8_rows)
 
@@ -115,17 +122,19 @@ def main(args: argparse.Namespace) -> int:
         print(f"no int8 kernels in this build ({cpu_kernels.build_flags()})")
         return 1
     generator = torch.Generator().manual_seed(0)
-    lay_out = interleave if kind == "avx512_vnni" else (lambda weight: weight)  # AVX2: blocks as stored
-    layers = [
-        {name: lay_out(random_weight("q4_0", *shape, generator)) for name, shape in LAYER_SHAPES.items()}
+    stored = [
+        {name: random_weight("q4_0", *shape, generator) for name, shape in LAYER_SHAPES.items()}
         for _ in range(COPIES)
-    ]
+    ]  # AVX2's exact paths read them so; AVX512_VNNI and AVX2's int8 paths, re-laid out as the engine does
+    lay_out = interleave if kind == "avx512_vnni" else column_tiles.tile
+    layers = [{name: lay_out(weight) for name, weight in copy.items()} for copy in stored]
+    exact_layers_of = layers if kind == "avx512_vnni" else stored
     lm_head = random_weight("q6_k", VOCAB, HIDDEN, generator)
     print(f"{args.threads} threads, {cpu_kernels.build_flags()}, int8 kernels: {kind}")
     exact = "bf16" if kind == "avx512_vnni" else "fp32"
     print(f"rows   layers: {exact}     int8  ratio   lm_head: {exact}     int8  ratio   step ratio")
     for rows in args.rows:
-        exact_layers, exact_head = step_calls(rows, layers, lm_head, int8_rows=False)
+        exact_layers, exact_head = step_calls(rows, exact_layers_of, lm_head, int8_rows=False)
         int8_layers, int8_head = step_calls(rows, layers, lm_head, int8_rows=True)
         bf16, int8 = (0, 0), (1, 1)
         ms = best_ms(
@@ -158,4 +167,5 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
+    rerun_with_torch_isa()
     raise SystemExit(main(parse_args()))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
-from backend.cpu_features import CPUINFO, cpu_features, parse_cpuinfo
+import pytest
+
+from backend.cpu_features import CPUINFO, ISA_VARIABLE, cpu_features, cpu_isa, hide_flags, parse_cpuinfo
 from backend.planner.cpu_host import isa_from_flags
 
 EPYC = """processor\t: 0
@@ -41,3 +43,22 @@ def test_this_machine_is_read_once():
     if CPUINFO.exists():
         assert set(cpu_features().flags) == set(parse_cpuinfo(Path(CPUINFO).read_text()).flags)
     assert cpu_features().logical_cores >= cpu_features().physical_cores >= 1
+
+
+def test_a_cpu_acting_as_avx2_hides_avx512_and_amx(monkeypatch):
+    """PLAYGROUND_CPU_ISA=avx2: the engine, the planner and the kernels' -march see an AVX2 CPU."""
+    from backend.engine import cpu_kernels
+
+    cpu = hide_flags(parse_cpuinfo(EPYC.replace("avx512_vnni", "avx512_vnni amx_bf16 avx_vnni", 1)), "avx2")
+    assert cpu.flags == ("fpu", "sse2", "avx2", "fma")
+    assert cpu.has_avx2 and not cpu.has_avx512 and not cpu.has_fast_bf16
+    assert isa_from_flags(set(cpu.flags)) == "avx2"
+    assert hide_flags(parse_cpuinfo(EPYC), "") == parse_cpuinfo(EPYC)
+    monkeypatch.delenv("PLAYGROUND_CPU_KERNELS_MARCH", raising=False)
+    monkeypatch.setenv(ISA_VARIABLE, "AVX2")
+    assert cpu_isa() == "avx2" and "-march=haswell" in cpu_kernels.compiler_flags()
+    monkeypatch.setenv(ISA_VARIABLE, "avx512")
+    with pytest.raises(ValueError, match="allowed values are avx2"):
+        cpu_isa()
+    monkeypatch.delenv(ISA_VARIABLE)
+    assert cpu_isa() == "" and "-march=native" in cpu_kernels.compiler_flags()

@@ -15,20 +15,25 @@ import subprocess
 import sys
 from pathlib import Path
 
+from backend.cpu_features import ISA_VARIABLE, cpu_isa
+
 REPO = Path(__file__).resolve().parents[2]
 CONVERTER_TYPES = ("f32", "f16", "bf16", "q8_0")  # what convert_hf_to_gguf.py --outtype writes
 
 
 def llama_cpp_dir(kind: str = "src") -> Path:
     """.cache/llama.cpp/<kind>-<version> (the version the Makefile pins): src (make llama-cpp-src, part of
-    make test) or build (make llama-cpp: llama-bench, llama-batched-bench, llama-quantize)."""
+    make test) or build (make llama-cpp: llama-bench, llama-batched-bench, llama-quantize; with
+    PLAYGROUND_CPU_ISA=avx2, ggml's AVX2 build in build-<version>-avx2)."""
     version = re.search(r"^LLAMA_CPP_PYTHON := (\S+)$", (REPO / "Makefile").read_text(), re.MULTILINE)
     assert version, "the Makefile pins LLAMA_CPP_PYTHON"
-    folder = REPO / ".cache" / "llama.cpp" / f"{kind}-{version.group(1)}"
+    isa = cpu_isa() if kind == "build" else ""
+    folder = REPO / ".cache" / "llama.cpp" / (f"{kind}-{version.group(1)}" + (f"-{isa}" if isa else ""))
     stamp = folder / (".unpacked" if kind == "src" else ".built")
     if not stamp.is_file():
         target = "llama-cpp-src" if kind == "src" else "llama-cpp"
-        raise RuntimeError(f"llama.cpp's {kind} is not at {folder}: run `make {target}` first")
+        prefix = f"{ISA_VARIABLE}={isa} " if isa else ""
+        raise RuntimeError(f"llama.cpp's {kind} is not at {folder}: run `{prefix}make {target}` first")
     return folder
 
 

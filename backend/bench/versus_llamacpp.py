@@ -5,6 +5,7 @@
     python -m backend.bench.versus_llamacpp --rounds 3 --batch-sizes 1,16 --n-gen 64 --prompt-len 16
     python -m backend.bench.versus_llamacpp --model FILE.gguf     # any GGUF file both can run
     python -m backend.bench.offline --peer llamacpp [--model FILE.gguf]   # the same, with the defaults
+    PLAYGROUND_CPU_ISA=avx2 python -m backend.bench.versus_llamacpp   # both as on a CPU with AVX2 only
 
 The file is a random-weight model of the shape (bench_models.py: written by llama.cpp's own converter,
 quantized by its llama-quantize), so both read the same bytes. Batch 1 is llama-bench's tg test
@@ -18,6 +19,11 @@ then --rounds rounds alternate the two engines measurement by measurement, so th
 shared machine slows both alike. The table gives each row's median and spread, and the median of the
 rounds' ratios (ours over llama.cpp's in the same round). --pure quantizes every matrix to Q4_0 (the
 default is llama-quantize's Q4_0 mix, which keeps a tied embedding as Q6_K).
+
+On a CPU with AVX-512, PLAYGROUND_CPU_ISA=avx2 measures the AVX2 paths of both: our kernels built for
+-march=haswell with the AVX-512 flags hidden (fp32 compute, as on an AVX2 CPU), torch's on AVX2
+(ATEN_CPU_CAPABILITY, set by rerunning the command), and llama.cpp's AVX2 build
+(`PLAYGROUND_CPU_ISA=avx2 make llama-cpp`).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from backend.bench import bench_models, random_model
 from backend.bench.decode_table import ENGINE, PEER, DecodeRow, format_table
 from backend.bench.llamacpp_decode import batched_bench_decode, llama_bench_decode
 from backend.bench.llamacpp_tools import REPO
-from backend.bench.machine import cpu_summary
+from backend.bench.machine import cpu_summary, rerun_with_torch_isa
 
 
 def engine_decode(llm, batch_size: int, prompt_len: int, n_gen: int, seed: int) -> float:
@@ -170,4 +176,5 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
+    rerun_with_torch_isa()
     raise SystemExit(main(parse_args()))

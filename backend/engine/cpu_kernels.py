@@ -10,7 +10,8 @@ failure (no compiler, a cache folder that cannot be written or executed from, a 
 times out, a library that does not load). A cached library is loaded only when it and its folder belong
 to the current user and nobody else may write them; otherwise it is rebuilt (or the build is skipped).
 Set PLAYGROUND_CPU_KERNELS=0 to force the pure-PyTorch paths, PLAYGROUND_CPU_KERNELS_MARCH to build
-for another -march than native (haswell: the AVX2 paths; x86-64: the plain C++ ones),
+for another -march than native (haswell: the AVX2 paths; x86-64: the plain C++ ones; PLAYGROUND_CPU_ISA=avx2
+builds for haswell and hides the CPU's AVX-512 and AMX from the engine: backend/cpu_features.py),
 PLAYGROUND_PREFILL_ATTENTION=0 to keep PyTorch's attention for prefill chunks only, PLAYGROUND_INT8_DOT=0 to
 keep the exact bf16 (AVX2: fp32) products where GGUF Q4_0 / Q6_K rows would round activations to int8
 (csrc/int8_dot.h, csrc/int8_avx2.h, docs/int8_activations.md).
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from backend.cpu_features import cpu_features
+from backend.cpu_features import cpu_features, cpu_isa
 
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
@@ -73,8 +74,9 @@ Q6_K_PATHS = ("portable", "lanes", "int8")  # quant_gemm_q6_k_{path}_bf16: one p
 INT8_Q4_0_MIN_ROWS = 4
 INT8_Q6_K_MIN_ROWS = 1
 # csrc/int8_avx2.h (AVX2 builds without AVX-512): fp32 or bf16 activations rounded to int8 the same way,
-# VPMADDUBSW products on the GGUF blocks as stored (quant_gemv / quant_gemm_q4_0, quant_gemm_q6_k), from
-# these rows: python -m benchmarks.int8_bench on a 2-core EPYC with AVX2 only (docs/int8_activations.md)
+# VPMADDUBSW products on Q4_0 in 8-column tiles (q4_0x8_gemm, when Q4_0 starts at row 1: column_tiles) or
+# as stored (quant_gemv / quant_gemm_q4_0) and on Q6_K as stored (quant_gemm_q6_k), from these rows:
+# python -m benchmarks.int8_bench on a 2-core EPYC with AVX2 only (docs/int8_activations.md)
 INT8_AVX2_Q4_0_MIN_ROWS = 1
 INT8_AVX2_Q6_K_MIN_ROWS = 1
 INT8_KINDS = {1: "avx512_vnni", 2: "avx2"}  # int8_dot_available()'s codes
@@ -135,7 +137,10 @@ def find_compiler() -> str:
 
 
 def compiler_flags() -> list[str]:
-    return [*FLAGS, f"-march={os.environ.get('PLAYGROUND_CPU_KERNELS_MARCH', 'native')}"]
+    """FLAGS and the -march: PLAYGROUND_CPU_KERNELS_MARCH, else haswell for a CPU acting as an AVX2 one
+    (PLAYGROUND_CPU_ISA=avx2), else native."""
+    default = "haswell" if cpu_isa() == "avx2" else "native"
+    return [*FLAGS, f"-march={os.environ.get('PLAYGROUND_CPU_KERNELS_MARCH', default)}"]
 
 
 def library_path(compiler: str) -> Path:
@@ -250,12 +255,17 @@ def _open(path: Path) -> ctypes.CDLL:
         library.int8_dot_available.restype = ctypes.c_int
         library.int8_dot_set_rows.argtypes = [INT, INT]
         library.int8_dot_set_rows.restype = None
+        library.int8_dot_q4_0_rows.restype = ctypes.c_int64
         if library.quant_gemm_q6_k_max_rows() != Q6_K_GEMM_MAX_ROWS:
             raise AttributeError("quant_gemm_q6_k_max_rows differs from Q6_K_GEMM_MAX_ROWS")
-        if library.int8_dot_available() == 2:  # csrc/int8_avx2.h's Q4_0 rows
+        library.q4_0x8_available.restype = ctypes.c_int
+        if library.int8_dot_available() == 2:  # csrc/int8_avx2.h's Q4_0 rows, as stored and in tiles
             for suffix in ("f32", "bf16"):
-                getattr(library, f"quant_gemm_q4_0_{suffix}").argtypes = QUANT_SIGNATURES["quant_gemv"]
-                getattr(library, f"quant_gemm_q4_0_{suffix}").restype = None
+                for name in ("quant_gemm_q4_0", "q4_0x8_gemm"):
+                    getattr(library, f"{name}_{suffix}").argtypes = QUANT_SIGNATURES["quant_gemv"]
+                    getattr(library, f"{name}_{suffix}").restype = None
+                getattr(library, f"q4_0x8_dequant_{suffix}").argtypes = QUANT_SIGNATURES["quant_dequant"]
+                getattr(library, f"q4_0x8_dequant_{suffix}").restype = None
         if library.quant_gemm_max_rows():
             for qtype in QUANT_GEMM_TYPES:
                 getattr(library, f"quant_gemm_{qtype}_bf16").argtypes = QUANT_SIGNATURES["quant_gemv"]
@@ -649,6 +659,47 @@ def interleaved_embedding_q8_0(ids: torch.Tensor, part, out: torch.Tensor) -> to
     library = load_library()
     assert library is not None, "called only where the interleaved layout is in use"
     library.interleaved_embedding_q8_0(ids.data_ptr(), part.data.data_ptr(), out.data_ptr(), *out.shape)
+    return out
+
+
+def column_tiles_available() -> bool:
+    """Whether GGUF Q4_0 takes 8-column tiles at load (quantization/column_tiles.py): AVX2 builds without
+    AVX-512 whose Q4_0 products round x to int8 from one row now (csrc/quantized.cpp q4_0x8_gemm); with the
+    int8 paths off (PLAYGROUND_INT8_DOT=0, set_int8_dot_rows(0, _)) the blocks stay as stored. Read when a
+    layer loads; tiles loaded before the int8 paths are set off compute the exact function (slower)."""
+    library = load_library()
+    return library is not None and library.q4_0x8_available() == 1 and library.int8_dot_q4_0_rows() == 1
+
+
+def column_tiles_gemm(
+    x: torch.Tensor,  # [rows, k], 1 <= rows <= INT8_MAX_ROWS, contiguous, fp32 or bf16
+    part,  # column_tiles.ColumnTiles
+    bias: torch.Tensor | None,  # [n], x's dtype
+    out: torch.Tensor,  # [rows, >= n] view of a contiguous [rows, ldy] tensor: columns 0..n-1 written
+) -> None:
+    """y = x @ W^T + bias, W in 8-column tiles: x rounded to int8 per block (csrc/int8_avx2.h) where the
+    int8 paths take these rows, else exact."""
+    assert x.is_contiguous() and 0 < x.shape[0] <= INT8_MAX_ROWS and out.stride(1) == 1
+    getattr(load_library(), f"q4_0x8_gemm_{SUFFIX[x.dtype]}")(
+        x.data_ptr(),
+        part.data.data_ptr(),
+        _pointer(bias),
+        out.data_ptr(),
+        x.shape[0],
+        part.shape[0],
+        x.shape[1],
+        out.stride(0),
+    )
+
+
+def column_tiles_dequant(part, first: int, last: int, out: torch.Tensor) -> torch.Tensor:
+    """Rows first..last-1 (multiples of 8) of a column_tiles.ColumnTiles decoded into out
+    [last - first, k] (contiguous, fp32 or bf16), as quant_dequant_q4_0 decodes the blocks as stored."""
+    assert first % 8 == 0 and last % 8 == 0 and out.is_contiguous()
+    data = part.data[first // 8 : -(-last // 8)]
+    getattr(load_library(), f"q4_0x8_dequant_{SUFFIX[out.dtype]}")(
+        data.data_ptr(), out.data_ptr(), last - first, out.shape[1]
+    )
     return out
 
 

@@ -6,7 +6,7 @@ from functools import cache
 
 import torch
 
-from backend.cpu_features import cpu_features
+from backend.cpu_features import cpu_features, cpu_isa
 
 CPU_KV_CACHE_CAP_BYTES = 2 * 1024**3  # a shared CPU box: never take more by default
 CPU_KV_CACHE_SHARE = 0.2  # of available memory
@@ -15,8 +15,11 @@ GPU_KV_CACHE_SHARE = 0.85  # of free device memory after the weights are loaded
 
 @cache
 def cpu_has_fast_bf16() -> bool:
-    """True when the CPU has AMX or AVX-512 bf16 (bf16 matmuls are then much faster than fp32)."""
-    return cpu_features().has_fast_bf16 or torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX")
+    """True when the CPU has AMX or AVX-512 bf16 (bf16 matmuls are then much faster than fp32); a CPU acting
+    as another (PLAYGROUND_CPU_ISA) answers from its flags alone."""
+    if cpu_features().has_fast_bf16:
+        return True
+    return not cpu_isa() and torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX")
 
 
 def resolve_device(device: str) -> torch.device:

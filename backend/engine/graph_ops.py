@@ -16,6 +16,7 @@ from backend.engine import cpu_kernels
 from backend.engine.device import cpu_has_fast_bf16
 from backend.engine.layers.fused_moe.native import NativeMoE
 from backend.engine.layers.linear import Linear
+from backend.engine.quantization.column_tiles import ColumnTiles
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.interleaved import Interleaved
 from backend.engine.quantization.quantized_linear import QuantizedEmbedding, QuantizedLinear
@@ -60,7 +61,8 @@ def ptr(tensor: torch.Tensor | None) -> int:
 
 
 def unsupported_linear(module: object, dtype: torch.dtype) -> str | None:
-    """Why a projection has no captured calls (None: it has). A quantized one's parts are interleaved, or
+    """Why a projection has no captured calls (None: it has). A quantized one's parts are interleaved or in
+    column tiles (column_tiles_gemm: up to INT8_MAX_ROWS rows), or
     GGUF blocks kept row by row (the K-types; every type on a CPU without AVX512_BF16) that quant_gemv
     serves for up to QUANT_GEMV_MAX_ROWS rows (Q6_K: quant_gemm, Q6_K_GEMM_MAX_ROWS; row_limit), in the
     CPU's own compute dtype (bf16 with fast bf16, else fp32: what dtype "auto" picks and the planner
@@ -70,7 +72,8 @@ def unsupported_linear(module: object, dtype: torch.dtype) -> str | None:
     if isinstance(module, QuantizedLinear):
         rows_ok = dtype == (torch.bfloat16 if cpu_has_fast_bf16() else torch.float32)
         if module.use_kernel and all(
-            isinstance(part, Interleaved) or (rows_ok and is_gguf_rows(part)) for part in module.parts
+            isinstance(part, Interleaved | ColumnTiles) or (rows_ok and is_gguf_rows(part))
+            for part in module.parts
         ):
             return None
         kinds = sorted({type(part).__name__ for part in module.parts})
@@ -90,8 +93,9 @@ def row_limit(module: Linear | QuantizedLinear) -> int | None:
     """The most rows module's captured calls take (None: any): for GGUF rows quant_gemv's, or Q6_K's
     quant_gemm's (past it the eager module takes other kernels, so a step with more rows runs the modules)."""
     parts = module.parts if isinstance(module, QuantizedLinear) else []
-    rows = [p for p in parts if isinstance(p, QuantizedWeight) and is_gguf_rows(p)]
-    return min((gguf_rows_limit(p.qtype) for p in rows), default=None)
+    rows = [gguf_rows_limit(p.qtype) for p in parts if isinstance(p, QuantizedWeight) and is_gguf_rows(p)]
+    tiles = [cpu_kernels.INT8_MAX_ROWS for p in parts if isinstance(p, ColumnTiles)]  # column_tiles_gemm's
+    return min(rows + tiles, default=None)
 
 
 def gguf_rows_kernel(qtype: str) -> tuple[str, int]:
@@ -128,7 +132,7 @@ def linear_ops(module: Linear | QuantizedLinear, x: torch.Tensor, out: torch.Ten
         stop = start + part.shape[0]
         bias = None if module.bias is None else module.bias[start:stop]
         y = out[:, start].data_ptr()
-        if isinstance(part, QuantizedWeight):
+        if isinstance(part, QuantizedWeight | ColumnTiles):
             ops += gguf_rows_ops(x, part, bias, out, y)
         else:
             assert isinstance(part, Interleaved)
@@ -140,13 +144,17 @@ def linear_ops(module: Linear | QuantizedLinear, x: torch.Tensor, out: torch.Ten
 
 
 def gguf_rows_ops(
-    x: torch.Tensor, part: QuantizedWeight, bias: torch.Tensor | None, out: torch.Tensor, y: int
+    x: torch.Tensor, part: QuantizedWeight | ColumnTiles, bias: torch.Tensor | None, out: torch.Tensor, y: int
 ) -> list[Op]:
-    """quant_gemv (Q6_K: quant_gemm) of x into out's columns at y; into fp32 logits from bf16 x (an
-    lm_head, one part) it writes the bf16 values at each row's start, then widens them there (the eager
-    path's .float())."""
-    kernel = gguf_rows_kernel(part.qtype)[0]
-    name, (n, k) = f"{kernel}_{part.qtype}_{cpu_kernels.SUFFIX[x.dtype]}", part.shape
+    """quant_gemv (Q6_K: quant_gemm; Q4_0 in column tiles: q4_0x8_gemm) of x into out's columns at y; into
+    fp32 logits from bf16 x (an lm_head, one part) it writes the bf16 values at each row's start, then
+    widens them there (the eager path's .float())."""
+    suffix = cpu_kernels.SUFFIX[x.dtype]
+    if isinstance(part, ColumnTiles):
+        name = f"q4_0x8_gemm_{suffix}"
+    else:
+        name = f"{gguf_rows_kernel(part.qtype)[0]}_{part.qtype}_{suffix}"
+    n, k = part.shape
     ints = [x.data_ptr(), ptr(part.data), ptr(bias), y, 0, n, k, out.stride(0)]
     if out.dtype == x.dtype:
         return [op(name, Signature.GEMM, 4, ints)]

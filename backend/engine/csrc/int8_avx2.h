@@ -10,11 +10,13 @@
 //   Q6_K:  y += d_w * d_x * sum_s scale_s * (sum_i u_i q_i - 32 S_s)   per super-block, s its 16 sub-blocks
 // Q6_K's sums stay in int32 over a whole super-block (|sum| <= 256 * 32 * 127 * 128 < 2^31): one conversion
 // to fp32 a super-block. Output columns are split over the engine's OpenMP threads. Q4_0 multiplies 8
-// columns at a time from 2 rows (q4_0_tile: their blocks decoded once for all rows, columns in int32
-// lanes), one row a column at a time (q4_0_column: one stream from memory); Q6_K a column at a time, its
-// super-blocks decoded once per group of up to 8 rows.
-// Included by csrc/quantized.cpp (quant_gemv_q4_0, quant_gemm_q4_0, the MoE experts' moe_panels_rows_q4_0 /
-// _q6_k) and csrc/q6_k_gemm.cpp (quant_gemm_q6_k)
+// columns at a time (tile_columns: their blocks decoded once for all rows, columns in int32 lanes): from
+// blocks as stored (transposed as they are read) from 2 rows, one row a column at a time (q4_0_column:
+// one stream from memory); from 8-column tiles (tile_load: the transposition done at load, one stream
+// a group; csrc/quantized.cpp q4_0x8_gemm) at every row count. Q6_K a column at a time, its super-blocks decoded once per group of up to
+// 8 rows.
+// Included by csrc/quantized.cpp (quant_gemv_q4_0, quant_gemm_q4_0, q4_0x8_gemm / _dequant, the MoE experts'
+// moe_panels_rows_q4_0 / _q6_k) and csrc/q6_k_gemm.cpp (quant_gemm_q6_k)
 // where the build (-march) has AVX2, FMA and F16C and not AVX-512F; int8_rows says from which rows.
 #pragma once
 #include <algorithm>
@@ -201,20 +203,45 @@ inline __m256i quad(const int8_t *q) {  // x's 4 int8 at q in every int32 lane
     return _mm256_set1_epi32(v);
 }
 
-// y [:, j0 .. j0 + 8) (those below n) for all of x's rows (at most Int8Rows::MAX_ROWS: int8_rows' range)
-template <typename T>
-void q4_0_columns(const X &x, const uint8_t *w, const T *bias, T *y, int64_t j0, int64_t n, int64_t ldy) {
+// GGUF Q4_0 in 8-column tiles (quantization/column_tiles.py, llama.cpp's block_q4_0x8 on AVX2): W's columns
+// in groups of 8, a group's blocks in k order, each TILE_BYTES: the 8 columns' fp16 d, then T_0..T_3 (32
+// bytes each), T_v holding column c's bytes 4v..4v+3 in lane c: q4_0_tile's transposition done once, at
+// load. A group's blocks are one stream from memory, and a block's tile is 4 loads.
+constexpr int TILE_COLUMNS = 8;
+constexpr int64_t TILE_BYTES = 144;  // 8 blocks of 18 bytes, moved
+
+inline void tile_load(const uint8_t *p, Q4Tile &t) {
+    const __m256i m15 = _mm256_set1_epi8(15);
+    for (int v = 0; v < 4; v++) {
+        const __m256i dwords = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + 16 + 32 * v));
+        t.u[v] = _mm256_and_si256(dwords, m15);
+        t.u[4 + v] = _mm256_and_si256(_mm256_srli_epi16(dwords, 4), m15);
+    }
+    t.d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
+}
+
+// group's 8 columns back in GGUF's block layout: rows [8, blocks * 18]
+inline void untile(const uint8_t *group, uint8_t *rows, int64_t blocks) {
+    for (int64_t b = 0; b < blocks; b++)
+        for (int c = 0; c < TILE_COLUMNS; c++) {
+            const uint8_t *p = group + b * TILE_BYTES;
+            uint8_t *block = rows + (c * blocks + b) * 18;
+            std::memcpy(block, p + 2 * c, 2);
+            for (int v = 0; v < 4; v++) std::memcpy(block + 2 + 4 * v, p + 16 + 32 * v + 4 * c, 4);
+        }
+}
+
+// y [:, j0 .. j0 + 8) (those below n) for all of x's rows (at most Int8Rows::MAX_ROWS: int8_rows' range);
+// load(b, t) puts block b's tile in t
+template <typename Load, typename T>
+void tile_columns(const X &x, Load &&load, const T *bias, T *y, int64_t j0, int64_t n, int64_t ldy) {
     const int64_t rows = x.rows, blocks = x.blocks;
     __m256 acc[Int8Rows::MAX_ROWS];
     const __m256i ones = _mm256_set1_epi16(1);
-    const uint8_t *column[8];
-    for (int c = 0; c < 8; c++) column[c] = w + std::min(j0 + c, n - 1) * blocks * 18;
     for (int64_t r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
     Q4Tile t;
     for (int64_t b = 0; b < blocks; b++) {
-        const uint8_t *block[8];
-        for (int c = 0; c < 8; c++) block[c] = column[c] + b * 18;
-        q4_0_tile(block, t);
+        load(b, t);
         for (int64_t r = 0; r < rows; r++) {
             const int64_t i = b * rows + r;
             const int8_t *q = x.q.data() + i * 32;
@@ -231,6 +258,19 @@ void q4_0_columns(const X &x, const uint8_t *w, const T *bias, T *y, int64_t j0,
         _mm256_store_ps(out, acc[r]);
         for (int c = 0; c < cols; c++) store(y[r * ldy + j0 + c], out[c] + (bias ? to_float(bias[j0 + c]) : 0.0f));
     }
+}
+
+// the same from blocks as stored: the 8 columns' blocks transposed as they are read
+template <typename T>
+void q4_0_columns(const X &x, const uint8_t *w, const T *bias, T *y, int64_t j0, int64_t n, int64_t ldy) {
+    const uint8_t *column[8];
+    for (int c = 0; c < 8; c++) column[c] = w + std::min(j0 + c, n - 1) * x.blocks * 18;
+    auto load = [&](int64_t b, Q4Tile &t) {
+        const uint8_t *block[8];
+        for (int c = 0; c < 8; c++) block[c] = column[c] + b * 18;
+        q4_0_tile(block, t);
+    };
+    tile_columns(x, load, bias, y, j0, n, ldy);
 }
 
 // ---- Q6_K: 210-byte super-blocks (ql [128], qh [64], int8 scales [16], fp16 d; csrc/q6_k.h) ----

@@ -282,3 +282,4 @@ extern "C" int int8_dot_available() { return 0; }
 // from which rows interleaved_gemm_q4_0 and quant_gemm_q6_k_bf16 take their int8 paths (0: never; ignored
 // where int8_dot_available() is 0)
 extern "C" void int8_dot_set_rows(int64_t q4_0, int64_t q6_k) { int8_rows = {q4_0, q6_k}; }
+extern "C" int64_t int8_dot_q4_0_rows() { return int8_rows.q4_0; }

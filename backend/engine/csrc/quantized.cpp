@@ -219,6 +219,33 @@ void gemv(const T *x, const uint8_t *w, const T *bias, T *y, int64_t rows, int64
 }
 
 template <typename B, typename T>
+void dequant_row(const uint8_t *row, T *out, int64_t blocks) {  // one row of W's blocks into out [blocks * QK]
+    alignas(64) float decoded[B::QK];
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *block = row + b * B::BYTES;
+        T *o = out + b * B::QK;
+        if constexpr (B::QK == CHUNK) {  // decoded in registers
+            Vec wv[LANES];
+            B::vectors(block, wv);
+#if defined(BF16_DOT)
+            if constexpr (std::is_same_v<T, BFloat16>) {  // rounded to nearest even, as store() rounds
+                _mm512_storeu_si512(o, (__m512i)_mm512_cvtne2ps_pbh(wv[1], wv[0]));
+                continue;
+            }
+#endif
+            if constexpr (std::is_same_v<T, float>) {
+                for (int v = 0; v < LANES; v++) vstore(o + v * VEC_WIDTH, wv[v]);
+                continue;
+            }
+            for (int v = 0; v < LANES; v++) vstore(decoded + v * VEC_WIDTH, wv[v]);
+        } else {
+            B::decode(block, decoded);
+        }
+        for (int i = 0; i < B::QK; i++) store(o[i], decoded[i]);
+    }
+}
+
+template <typename B, typename T>
 void dequant(const uint8_t *w, T *out, int64_t n, int64_t k) {
 #if defined(BF16_DOT)
     if constexpr (std::is_same_v<T, BFloat16> && std::is_same_v<B, Q4_0>)
@@ -228,31 +255,7 @@ void dequant(const uint8_t *w, T *out, int64_t n, int64_t k) {
 #endif
     const int64_t blocks = k / B::QK, row_bytes = blocks * B::BYTES;
 #pragma omp parallel for schedule(static) if (n > 1)
-    for (int64_t j = 0; j < n; j++) {
-        alignas(64) float decoded[B::QK];
-        for (int64_t b = 0; b < blocks; b++) {
-            const uint8_t *block = w + j * row_bytes + b * B::BYTES;
-            T *o = out + j * k + b * B::QK;
-            if constexpr (B::QK == CHUNK) {  // decoded in registers
-                Vec wv[LANES];
-                B::vectors(block, wv);
-#if defined(BF16_DOT)
-                if constexpr (std::is_same_v<T, BFloat16>) {  // rounded to nearest even, as store() rounds
-                    _mm512_storeu_si512(o, (__m512i)_mm512_cvtne2ps_pbh(wv[1], wv[0]));
-                    continue;
-                }
-#endif
-                if constexpr (std::is_same_v<T, float>) {
-                    for (int v = 0; v < LANES; v++) vstore(o + v * VEC_WIDTH, wv[v]);
-                    continue;
-                }
-                for (int v = 0; v < LANES; v++) vstore(decoded + v * VEC_WIDTH, wv[v]);
-            } else {
-                B::decode(block, decoded);
-            }
-            for (int i = 0; i < B::QK; i++) store(o[i], decoded[i]);
-        }
-    }
+    for (int64_t j = 0; j < n; j++) dequant_row<B>(w + j * row_bytes, out + j * k, blocks);
 }
 
 // panels [first, last) of one expert's product for csrc/moe.cpp (inside its OpenMP region): its rows
@@ -346,4 +349,101 @@ extern "C" void quant_gemm_q4_0_bf16(const BFloat16 *x, const uint8_t *w, const 
                                      int64_t rows, int64_t n, int64_t k, int64_t ldy) {
     avx2_gemm_q4_0(x, w, bias, y, rows, n, k, ldy);
 }
+#endif
+
+// GGUF Q4_0 in 8-column tiles (csrc/int8_avx2.h; quantization/column_tiles.py), where the build has AVX2
+// and not AVX-512: q4_0x8_gemm, up to Int8Rows::MAX_ROWS rows; q4_0x8_dequant, out [n, k] = W decoded as
+// quant_dequant_q4_0 decodes it (torch's GEMM past those rows); moe_panels_tiles_q4_0, MoE experts
+// (csrc/moe.h). Rows in int8_rows' Q4_0 range take the tiles' int8 kernel, others (the int8 paths set off,
+// a long prefill's tokens routed to one expert) the exact function: each group of 8 columns moved back to
+// GGUF blocks once and multiplied as quant_gemv multiplies the blocks as stored. n a multiple of 8.
+#if defined(INT8_AVX2)
+extern "C" int q4_0x8_available() { return 1; }
+
+// columns [first, end) (first a multiple of 8) of y = x @ W^T (+ bias), x quantized as a
+template <typename T>
+void tiles_int8(const avx2dot::X &a, const uint8_t *w, const T *bias, T *y, int64_t first, int64_t end, int64_t ldy) {
+    for (int64_t j = first; j < end; j += avx2dot::TILE_COLUMNS) {
+        const uint8_t *group = w + j / avx2dot::TILE_COLUMNS * a.blocks * avx2dot::TILE_BYTES;
+        auto load = [&](int64_t b, avx2dot::Q4Tile &t) { avx2dot::tile_load(group + b * avx2dot::TILE_BYTES, t); };
+        avx2dot::tile_columns(a, load, bias, y, j, end, ldy);
+    }
+}
+
+// the same exactly, from x widened to fp32 (xf [rows, k])
+template <typename T>
+void tiles_exact(const float *xf, const uint8_t *w, const T *bias, T *y, int64_t rows, int64_t k, int64_t first,
+                 int64_t end, int64_t ldy) {
+    const int64_t blocks = k / 32;
+    std::vector<uint8_t> stored(avx2dot::TILE_COLUMNS * blocks * Q4_0::BYTES);
+    for (int64_t j = first; j < end; j += avx2dot::TILE_COLUMNS) {
+        avx2dot::untile(w + j / avx2dot::TILE_COLUMNS * blocks * avx2dot::TILE_BYTES, stored.data(), blocks);
+        const int64_t columns = std::min<int64_t>(avx2dot::TILE_COLUMNS, end - j);
+        for (int64_t row = 0; row < rows; row += MAX_ROWS)
+            with_rows<MAX_ROWS>(rows - row, [&](auto r) {
+                for (int64_t c = 0; c < columns; c++)
+                    gemv_column<Q4_0, decltype(r)::value>(xf + row * k, stored.data(), bias ? bias + j : nullptr,
+                                                         y + row * ldy + j, c, k, ldy);
+            });
+    }
+}
+
+template <typename T>
+std::vector<float> widened(const T *x, int64_t count) {
+    std::vector<float> xf(count);
+    for (int64_t i = 0; i < count; i++) xf[i] = to_float(x[i]);
+    return xf;
+}
+
+template <typename T>
+void q4_0x8_gemm(const T *x, const uint8_t *w, const T *bias, T *y, int64_t rows, int64_t n, int64_t k, int64_t ldy) {
+    constexpr int64_t G = avx2dot::TILE_COLUMNS;
+    if (int8_rows.q4_0_takes(rows)) {
+        const avx2dot::X a = avx2dot::quantize(x, rows, k, 32);
+#pragma omp parallel for schedule(static)
+        for (int64_t j = 0; j < n; j += G) tiles_int8(a, w, bias, y, j, j + G, ldy);
+        return;
+    }
+    const std::vector<float> xf = widened(x, rows * k);
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < n; j += G) tiles_exact(xf.data(), w, bias, y, rows, k, j, j + G, ldy);
+}
+
+template <typename T>
+void q4_0x8_dequant(const uint8_t *w, T *out, int64_t n, int64_t k) {
+    const int64_t blocks = k / 32;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < n / avx2dot::TILE_COLUMNS; g++) {
+        std::vector<uint8_t> rows(avx2dot::TILE_COLUMNS * blocks * Q4_0::BYTES);
+        avx2dot::untile(w + g * blocks * avx2dot::TILE_BYTES, rows.data(), blocks);
+        for (int c = 0; c < avx2dot::TILE_COLUMNS; c++)
+            dequant_row<Q4_0>(rows.data() + c * blocks * Q4_0::BYTES, out + (g * avx2dot::TILE_COLUMNS + c) * k, blocks);
+    }
+}
+
+// panels [first, last) of one expert's product (inside csrc/moe.cpp's OpenMP region)
+template <typename T>
+void moe_panels_tiles(const moe::ExpertGemm &e, int64_t first, int64_t last) {
+    const T *x = static_cast<const T *>(e.x), *bias = static_cast<const T *>(e.bias);
+    T *y = static_cast<T *>(e.y);
+    const int64_t end = std::min(e.n, last * moe::PANEL);
+    if (int8_rows.q4_0_takes(e.rows))
+        return tiles_int8(avx2dot::quantize(x, e.rows, e.k, 32), e.w, bias, y, first * moe::PANEL, end, e.ldy);
+    tiles_exact(widened(x, e.rows * e.k).data(), e.w, bias, y, e.rows, e.k, first * moe::PANEL, end, e.ldy);
+}
+#define EXPORT_TILES(T, SUFFIX)                                                                              \
+    extern "C" void q4_0x8_gemm_##SUFFIX(const T *x, const uint8_t *w, const T *bias, T *y, int64_t rows,    \
+                                         int64_t n, int64_t k, int64_t ldy) {                                \
+        q4_0x8_gemm(x, w, bias, y, rows, n, k, ldy);                                                         \
+    }                                                                                                        \
+    extern "C" void q4_0x8_dequant_##SUFFIX(const uint8_t *w, T *out, int64_t n, int64_t k) {                 \
+        q4_0x8_dequant(w, out, n, k);                                                                        \
+    }                                                                                                        \
+    extern "C" void moe_panels_tiles_q4_0_##SUFFIX(const moe::ExpertGemm &e, int64_t first, int64_t last) {   \
+        moe_panels_tiles<T>(e, first, last);                                                                 \
+    }
+EXPORT_TILES(float, f32)
+EXPORT_TILES(BFloat16, bf16)
+#else
+extern "C" int q4_0x8_available() { return 0; }
 #endif

@@ -7,6 +7,7 @@ import logging
 import torch
 
 from backend.engine.models.base import CausalLM
+from backend.engine.quantization.column_tiles import ColumnTiles
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.interleaved import Interleaved
 from backend.engine.quantization.quantized_linear import (
@@ -41,11 +42,11 @@ def install_quantized(model: CausalLM, quantized: dict[str, Part]) -> dict[str, 
         weights = [parts[i][1] for i in sorted(parts)]
         if path == "embed_tokens":
             assert isinstance(weights[0], QuantizedWeight), "only GGUF quantizes the embedding"
-            embedding: QuantizedWeight | Interleaved = weights[0]
+            embedding: QuantizedWeight | Interleaved | ColumnTiles = weights[0]
             if model.lm_head is None:  # tied: the embedding reads the output projection's bytes
                 model.lm_head = QuantizedLinear(weights, False, scratch, dtype)
-                (shared,) = model.lm_head.parts  # its layout (interleaved or not), one copy
-                assert isinstance(shared, QuantizedWeight | Interleaved)
+                (shared,) = model.lm_head.parts  # its layout (interleaved, tiled or not), one copy
+                assert isinstance(shared, QuantizedWeight | Interleaved | ColumnTiles)
                 embedding = shared
             model.embed_tokens = QuantizedEmbedding(embedding, dtype)
             continue

@@ -4,6 +4,8 @@ blocks, GPTQ / AWQ / compressed-tensors packed integers (gptq_awq.PackedWeight) 
 same bytes) for the packed_rows kernels. Small batches use the fused decode + GEMV kernels. In bf16 where the
 kernels' build has AVX512_BF16, GGUF Q4_0 / Q4_1 / Q8_0 and packed 4- and 8-bit integers are moved once
 more into csrc/interleaved.cpp's 16-row panels (interleaved.Interleaved): one kernel at every batch size.
+Where the kernels' build has AVX2 and no AVX-512, GGUF Q4_0 parts are moved into 8-column tiles
+(column_tiles.ColumnTiles): csrc/quantized.cpp q4_0x8_gemm (int8_avx2.h) up to cpu_kernels.INT8_MAX_ROWS rows.
 
 QuantizedLinear computes x @ W^T from W's blocks: batches of up to cpu_kernels.QUANT_GEMV_MAX_ROWS rows go
 through the fused decode + matrix-vector kernel (each block read once, decoded in cache); in bf16, where
@@ -25,6 +27,8 @@ from torch import nn
 
 from backend.engine import cpu_kernels
 from backend.engine.device import cpu_has_fast_bf16
+from backend.engine.quantization import column_tiles
+from backend.engine.quantization.column_tiles import ColumnTiles
 from backend.engine.quantization.compressed_tensors import Fp8Weight
 from backend.engine.quantization.gguf_blocks import dequantize
 from backend.engine.quantization.gguf_reader import QuantizedWeight
@@ -32,7 +36,7 @@ from backend.engine.quantization.gptq_awq import PackedWeight
 from backend.engine.quantization.interleaved import Interleaved, can_interleave, interleave, join_parts
 from backend.engine.quantization.row_packed import RowPacked, relayout
 
-Part = QuantizedWeight | PackedWeight | Fp8Weight | RowPacked | Interleaved
+Part = QuantizedWeight | PackedWeight | Fp8Weight | RowPacked | Interleaved | ColumnTiles
 PACKED_SLICED_MAX_ROWS = 64  # RowPacked layers: packed_gemv in slices up to here (measured 1.5-2.6x tiles)
 TILE_WEIGHTS = 1 << 20  # weights decoded per GEMM call: 2-4 MB, about an L2 cache
 
@@ -61,6 +65,8 @@ def decode_rows(part: Part, first: int, last: int, out: torch.Tensor, use_kernel
     """Rows first..last-1 of part decoded into out [last - first, k]."""
     if isinstance(part, RowPacked) and use_kernel:
         return cpu_kernels.packed_dequant(part, first, last, out)
+    if isinstance(part, ColumnTiles) and use_kernel:
+        return cpu_kernels.column_tiles_dequant(part, first, last, out)
     if not isinstance(part, QuantizedWeight):
         return out.copy_(part.dequantize_rows(first, last))  # Interleaved: only where kernels are off
     return decode_blocks(part.data[first:last], part.qtype, out, use_kernel)
@@ -102,6 +108,11 @@ def interleaves(device: torch.device, dtype: torch.dtype) -> bool:
     )
 
 
+def takes_column_tiles(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether GGUF Q4_0 parts take column_tiles' layout (CPU kernels with AVX2's int8 tiles)."""
+    return cpu_kernels.supports(device, dtype) and cpu_kernels.column_tiles_available()
+
+
 class QuantizedLinear(nn.Module):
     use_kernel = False  # set by CausalLM.prepare_weights when cpu_kernels serve this model
     float_output = False  # an interleaved lm_head: the kernel writes the logits' fp32 copy (llama.Linear's)
@@ -111,10 +122,15 @@ class QuantizedLinear(nn.Module):
         assert len({p.shape[1] for p in parts}) == 1, "fused parts share the input size"
         parts = [relayout(p) for p in parts]  # packed ints and fp8 on the CPU: the kernels' row layout
         parts = merge_same_type(parts)
-        if interleaves(part_tensors(parts[0])[0].device, dtype):
+        device = part_tensors(parts[0])[0].device
+        if interleaves(device, dtype):
             parts = join_parts([interleave(p) if can_interleave(p) else p for p in parts])  # bytes moved
+        elif takes_column_tiles(device, dtype):
+            parts = [column_tiles.tile(p) if column_tiles.can_tile(p) else p for p in parts]  # bytes moved
         self.parts = parts
-        self.has_gemv = all(isinstance(p, QuantizedWeight | RowPacked | Interleaved) for p in parts)
+        self.has_gemv = all(
+            isinstance(p, QuantizedWeight | RowPacked | Interleaved | ColumnTiles) for p in parts
+        )
         self.all_packed = all(isinstance(p, RowPacked) for p in parts)
         self.all_interleaved = all(isinstance(p, Interleaved) for p in parts)  # any batch: one kernel
         tensors = [t for part in parts for t in part_tensors(part)]
@@ -122,7 +138,8 @@ class QuantizedLinear(nn.Module):
             self.register_buffer(f"qweight_{i}", tensor)  # counted by weights_bytes, moved by .to()
         # the kernels for 9-64 rows: GGUF blocks of Q4_0 / Q4_1 / Q8_0 (bf16 activations) or Q6_K (gemm_rows)
         self.gemm_types = {p.qtype for p in parts if isinstance(p, QuantizedWeight)}
-        self.has_gemm = all(isinstance(p, Interleaved | QuantizedWeight) for p in parts)
+        self.has_tiles = any(isinstance(p, ColumnTiles) for p in parts)
+        self.has_gemm = all(isinstance(p, Interleaved | QuantizedWeight | ColumnTiles) for p in parts)
         self.in_features = parts[0].shape[1]
         self.out_features = sum(p.shape[0] for p in parts)
         device = tensors[0].device
@@ -154,8 +171,10 @@ class QuantizedLinear(nn.Module):
         return self.tiled_matmul(x)
 
     def gemm_rows(self, dtype: torch.dtype) -> int:
-        """The most rows quant_gemm takes for every GGUF part with activations of dtype (0: none)."""
-        return min((cpu_kernels.quant_gemm_rows(t, dtype) for t in self.gemm_types), default=0)
+        """The most rows quant_gemm (column tiles: column_tiles_gemm) takes for every GGUF part with
+        activations of dtype (0: none)."""
+        limits = [cpu_kernels.quant_gemm_rows(t, dtype) for t in self.gemm_types]
+        return min(limits + [cpu_kernels.INT8_MAX_ROWS] * self.has_tiles, default=0)
 
     def sliced(self, x: torch.Tensor) -> torch.Tensor:
         """packed_gemv over slices of QUANT_GEMV_MAX_ROWS rows: re-reading the packed weights per slice costs
@@ -175,6 +194,8 @@ class QuantizedLinear(nn.Module):
             bias = None if self.bias is None else self.bias[start:stop]
             if isinstance(part, Interleaved):
                 cpu_kernels.interleaved_gemm(x, part, bias, out[:, start:stop])
+            elif isinstance(part, ColumnTiles):  # any rows up to INT8_MAX_ROWS (gemm_rows)
+                cpu_kernels.column_tiles_gemm(x, part, bias, out[:, start:stop])
             elif isinstance(part, QuantizedWeight) and part.qtype == "q6_k":  # its own row split, any rows
                 cpu_kernels.quant_gemm(x, part.data, part.qtype, bias, out[:, start:stop])
             elif isinstance(part, QuantizedWeight):
@@ -207,7 +228,7 @@ class QuantizedEmbedding(nn.Module):
 
     use_kernel = False
 
-    def __init__(self, weight: QuantizedWeight | Interleaved, dtype: torch.dtype) -> None:
+    def __init__(self, weight: QuantizedWeight | Interleaved | ColumnTiles, dtype: torch.dtype) -> None:
         super().__init__()
         self.weight_q = weight
         self.register_buffer("qweight", weight.data)
@@ -223,7 +244,7 @@ class QuantizedEmbedding(nn.Module):
         ):
             out = torch.empty(input_ids.shape[0], weight.shape[1], dtype=self.dtype, device=input_ids.device)
             return cpu_kernels.interleaved_embedding_q8_0(input_ids.contiguous(), weight, out)  # one call
-        if isinstance(weight, Interleaved):
+        if isinstance(weight, Interleaved | ColumnTiles):
             rows = weight.gather(input_ids)
         else:
             rows = weight.data.index_select(0, input_ids)

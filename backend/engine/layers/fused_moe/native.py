@@ -5,6 +5,8 @@ Formats, chosen per projection when a model is prepared (`native_experts`):
   gemm_bf16      dense bf16 experts, each packed for csrc/gemm_bf16.cpp (AVX512_BF16 builds)
   interleaved_*  GGUF Q4_0 / Q4_1 / Q8_0 and MXFP4 blocks in csrc/interleaved.cpp's 16-row panels (bf16,
                  AVX512_BF16 builds): the same bytes, moved
+  tiles_q4_0_{f32,bf16}  GGUF Q4_0 in 8-column tiles (quantization/column_tiles.py, csrc/int8_avx2.h): AVX2
+                 builds without AVX-512, int8 activations: the same bytes, moved
   rows_*_{f32,bf16}  GGUF blocks of any kept type and MXFP4 row by row (csrc/quantized.cpp's column loop):
                  fp32 models, and CPUs without AVX512_BF16
 Dense experts elsewhere (fp32, or bf16 without AVX512_BF16) stay on the PyTorch path (experts.py).
@@ -21,7 +23,7 @@ import torch
 
 from backend.engine import cpu_kernels
 from backend.engine.layers.fused_moe.config import MoEConfig
-from backend.engine.quantization import mxfp4
+from backend.engine.quantization import column_tiles, mxfp4
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.interleaved import PANEL, TYPES, interleave
 from backend.engine.quantization.quantized_linear import interleaves
@@ -82,6 +84,12 @@ def native_experts(weight: torch.Tensor | QuantizedWeight, num_experts: int, dty
         return NativeExperts(
             f"moe_panels_interleaved_{weight.qtype}", part.data, part.data.nbytes // num_experts
         )
+    if column_tiles.can_tile(QuantizedWeight(weight.qtype, weight.data, (n, k))) and (
+        cpu_kernels.column_tiles_available()
+    ):  # expert e's tiles where its blocks were: whole groups of 8 rows
+        tiles = column_tiles.tile(weight)
+        function = f"moe_panels_tiles_q4_0_{cpu_kernels.SUFFIX[dtype]}"
+        return NativeExperts(function, tiles.data, tiles.data.nbytes // num_experts)
     if weight.qtype in (*cpu_kernels.QUANT_TYPES, mxfp4.QTYPE):
         function = f"moe_panels_rows_{weight.qtype}_{cpu_kernels.SUFFIX[dtype]}"
         return NativeExperts(function, weight.data, n * weight.data.shape[1])
