@@ -11,12 +11,12 @@
 // Q6_K's sums stay in int32 over a whole super-block (|sum| <= 256 * 32 * 127 * 128 < 2^31): one conversion
 // to fp32 a super-block. Output columns are split over the engine's OpenMP threads. Q4_0 multiplies 8
 // columns at a time (tile_columns: their blocks decoded once for all rows, columns in int32 lanes): from
-// blocks as stored (transposed as they are read) from 2 rows, one row a column at a time (q4_0_column:
-// one stream from memory); from 8-column tiles (tile_load: the transposition done at load, one stream
-// a group; csrc/quantized.cpp q4_0x8_gemm) at every row count. Q6_K a column at a time, its super-blocks decoded once per group of up to
-// 8 rows.
+// 8-column tiles (tile_load: the transposition done at load, one stream a group; csrc/quantized.cpp
+// q4_0x8_gemm) at every row count; from blocks as stored (transposed as they are read) from 2 rows, one row
+// a column at a time (q4_0_column). Q6_K a column at a time, its super-blocks decoded once per group of up
+// to 8 rows.
 // Included by csrc/quantized.cpp (quant_gemv_q4_0, quant_gemm_q4_0, q4_0x8_gemm / _dequant, the MoE experts'
-// moe_panels_rows_q4_0 / _q6_k) and csrc/q6_k_gemm.cpp (quant_gemm_q6_k)
+// moe_panels_tiles_q4_0 / moe_panels_rows_q4_0 / _q6_k) and csrc/q6_k_gemm.cpp (quant_gemm_q6_k)
 // where the build (-march) has AVX2, FMA and F16C and not AVX-512F; int8_rows says from which rows.
 #pragma once
 #include <algorithm>
@@ -120,46 +120,32 @@ inline const float *f16_table() {
     return table.data();
 }
 
-// S accumulator sets (blocks b, b + 1, .. in turn): few rows would otherwise wait on one FMA chain
-template <int R, typename T>
-void q4_0_column(const X &x, int64_t row, const uint8_t *w, const T *bias, T *y, int64_t j, int64_t ldy) {
-    constexpr int S = R == 1 ? 4 : R <= 3 ? 2 : 1;
+// y [0, j] for x's one row, column j's blocks as stored: 4 accumulator sets (blocks b, b + 1, .. in turn),
+// so that the FMAs do not wait on one chain; -8 S enters as -S in each of the 8 int32 lanes
+template <typename T>
+void q4_0_column(const X &x, const uint8_t *w, const T *bias, T *y, int64_t j) {
+    constexpr int S = 4;
     const __m256i ones = _mm256_set1_epi16(1);
     const float *half = f16_table();
-    const int64_t rows = x.rows, blocks = x.blocks;
-    __m256 acc[S][R];
-    for (int s = 0; s < S; s++)
-        for (int r = 0; r < R; r++) acc[s][r] = _mm256_setzero_ps();
+    const int64_t blocks = x.blocks;
+    __m256 acc[S];
+    for (int s = 0; s < S; s++) acc[s] = _mm256_setzero_ps();
     const uint8_t *wb = w + j * blocks * 18;
-    const int8_t *q = x.q.data() + row * 32;  // block b's rows at q + b * rows * 32
-    const float *dx = x.d.data() + row;
-    const int32_t *corr = x.corr.data() + row;
-    int64_t b = 0;
-    for (; b < blocks; b += S) {
+    for (int64_t b = 0; b < blocks; b += S) {
         const int sets = int(std::min<int64_t>(S, blocks - b));
-        for (int s = 0; s < S; s++) {
-            if (s >= sets) break;
+        for (int s = 0; s < sets; s++) {
             const uint8_t *block = wb + (b + s) * 18;
-            const __m256i u = q4_0_bytes(block + 2);
             uint16_t h;
             std::memcpy(&h, block, 2);
-            const __m256 dw = _mm256_broadcast_ss(half + h);
-            const int64_t at = (b + s) * rows;
-            for (int r = 0; r < R; r++) {
-                const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q + (at + r) * 32));
-                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, qv), ones);
-                p = _mm256_add_epi32(p, _mm256_set1_epi32(corr[at + r] / 8));  // -S a lane: -8 S in all
-                const __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(dx + at + r));
-                acc[s][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[s][r]);
-            }
+            const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x.q.data() + (b + s) * 32));
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q4_0_bytes(block + 2), qv), ones);
+            p = _mm256_add_epi32(p, _mm256_set1_epi32(x.corr[b + s] / 8));
+            const __m256 scale = _mm256_mul_ps(_mm256_broadcast_ss(half + h), _mm256_broadcast_ss(&x.d[b + s]));
+            acc[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[s]);
         }
     }
-    const float extra = bias ? to_float(bias[j]) : 0.0f;
-    for (int r = 0; r < R; r++) {
-        __m256 total = acc[0][r];
-        for (int s = 1; s < S; s++) total = _mm256_add_ps(total, acc[s][r]);
-        store(y[(row + r) * ldy + j], vsum(total) + extra);
-    }
+    const __m256 total = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), acc[2]), acc[3]);
+    store(y[j], vsum(total) + (bias ? to_float(bias[j]) : 0.0f));
 }
 
 // A tile: one block of 8 output columns with each column's 16 bytes in an int32 lane. Dword v of a block
@@ -348,7 +334,7 @@ template <int QK, typename T>
 void columns(const X &a, const uint8_t *w, const T *bias, T *y, int64_t first, int64_t end, int64_t ldy) {
     if constexpr (QK == 32) {
         if (a.rows == 1) {  // one row streams each column's blocks in turn (faster from memory: performance.md)
-            for (int64_t j = first; j < end; j++) q4_0_column<1>(a, 0, w, bias, y, j, ldy);
+            for (int64_t j = first; j < end; j++) q4_0_column(a, w, bias, y, j);
             return;
         }
         for (int64_t j = first; j < end; j += 8) q4_0_columns(a, w, bias, y, j, end, ldy);

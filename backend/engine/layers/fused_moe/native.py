@@ -84,9 +84,9 @@ def native_experts(weight: torch.Tensor | QuantizedWeight, num_experts: int, dty
         return NativeExperts(
             f"moe_panels_interleaved_{weight.qtype}", part.data, part.data.nbytes // num_experts
         )
-    if column_tiles.can_tile(QuantizedWeight(weight.qtype, weight.data, (n, k))) and (
-        cpu_kernels.column_tiles_available()
-    ):  # expert e's tiles where its blocks were: whole groups of 8 rows
+    each_expert = QuantizedWeight(weight.qtype, weight.data[:n], (n, k))
+    if column_tiles.can_tile(each_expert) and cpu_kernels.column_tiles_available():
+        # whole groups of 8 rows an expert: expert e's tiles where its blocks were
         tiles = column_tiles.tile(weight)
         function = f"moe_panels_tiles_q4_0_{cpu_kernels.SUFFIX[dtype]}"
         return NativeExperts(function, tiles.data, tiles.data.nbytes // num_experts)
