@@ -53,6 +53,7 @@ SIGNATURES = {
     "rope_and_cache": [PTR] * 7 + [INT] * 6 + [FLOAT] * 3,
     "rms_norm": [PTR, PTR, PTR, INT, INT, FLOAT],
     "add_rms_norm": [PTR] * 5 + [INT, INT, FLOAT],
+    "qk_norm": [PTR] * 3 + [INT] * 5 + [FLOAT],
     "silu_and_mul": [PTR, PTR, INT, INT],
     "gelu_tanh_and_mul": [PTR, PTR, INT, INT],
     "argmax": [PTR, PTR, INT, INT],
@@ -211,6 +212,8 @@ def _open(path: Path) -> ctypes.CDLL:
                     getattr(library, f"{name}_{suffix}{cache_suffix}").restype = None
         library.linear_bf16_small.argtypes = [PTR] * 4 + [INT] * 3
         library.linear_bf16_small.restype = None
+        library.linear_f32.argtypes = [PTR] * 4 + [INT] * 4
+        library.linear_f32.restype = None
         for name, argtypes in QUANT_SIGNATURES.items():
             for qtype in (*QUANT_TYPES, "mxfp4"):  # MXFP4: MoE experts (layers/fused_moe) only
                 for suffix in SUFFIX.values():
@@ -502,6 +505,31 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
+def qk_norm(
+    qkv: torch.Tensor,  # [T, (H + 2 KVH) * D], contiguous: q and k normed in place
+    q_weight: torch.Tensor,  # [D], or [H * D] across heads
+    k_weight: torch.Tensor,  # [D], or [KVH * D] across heads
+    num_heads: int,
+    num_kv_heads: int,
+    across_heads: bool,  # one RMSNorm over all of a row's q heads, one over its k heads (OLMo 2)
+    eps: float,
+) -> None:
+    """transformers' q/k RMSNorm before RoPE, per head (Qwen3) or across heads, in place in qkv."""
+    assert qkv.is_contiguous() and q_weight.dtype == k_weight.dtype == qkv.dtype
+    head_dim = qkv.shape[1] // (num_heads + 2 * num_kv_heads)
+    getattr(load_library(), f"qk_norm_{SUFFIX[qkv.dtype]}")(
+        qkv.data_ptr(),
+        q_weight.data_ptr(),
+        k_weight.data_ptr(),
+        qkv.shape[0],
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        int(across_heads),
+        eps,
+    )
+
+
 def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -560,6 +588,16 @@ def linear_bf16_small(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     lib.linear_bf16_small(
         x.data_ptr(), weight.data_ptr(), bias_ptr, out.data_ptr(), x.shape[0], weight.shape[0], x.shape[1]
     )
+    return out
+
+
+def linear_f32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [rows, k] @ weight [n, k]^T + bias, all fp32 and contiguous (a MoE router: csrc/layers.cpp)."""
+    assert x.is_contiguous() and weight.is_contiguous() and (bias is None or bias.is_contiguous())
+    out = x.new_empty(x.shape[0], weight.shape[0])
+    bias_ptr = None if bias is None else bias.data_ptr()
+    n, k = weight.shape
+    load_library().linear_f32(x.data_ptr(), weight.data_ptr(), bias_ptr, out.data_ptr(), x.shape[0], n, k, n)
     return out
 
 

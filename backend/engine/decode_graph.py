@@ -37,6 +37,7 @@ from backend.engine.graph_ops import (
     decode_attention_op,
     embedding_op,
     linear_ops,
+    qk_norm_op,
     rms_norm_op,
     rope_and_cache_op,
     row_limit,
@@ -95,7 +96,7 @@ class DecodeGraph:
 
     def capture(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[Op]:
         """The step's calls in order: the embedding (where a kernel does it), then per layer its norms,
-        projections, RoPE + cache write and attention."""
+        projections, q/k norm, RoPE + cache write and attention."""
         model = self.model
         embedding = None  # the embedding's scale (embedding_scale) has no captured call: the torch call does
         if model.embedding_scale == 1.0:
@@ -129,8 +130,11 @@ class DecodeGraph:
         table = None if spec.rope is None else self.model.rope_tables[spec.rope]
         rope = None if table is None else (table.cos, table.sin)
         assert attention.sinks is None or attention.kernel_sinks is not None, "set by prepare_weights"
+        q_norm, k_norm = attention.q_norm, attention.k_norm
+        qk_norm = [] if q_norm is None or k_norm is None else [qk_norm_op(self.qkv, q_norm, k_norm, spec)]
         return [
             *linear_ops(attention.qkv_proj, self.normed, self.qkv),
+            *qk_norm,
             rope_and_cache_op(
                 self.qkv,
                 positions,

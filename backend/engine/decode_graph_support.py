@@ -1,7 +1,8 @@
 """What the captured decode step (decode_graph.py) serves: a model whose every layer is a pre-norm
-DecoderLayer with a SiLU or GELU(tanh) GatedMLP, RoPE (whole-head, partial or none) on the rope_and_cache
-kernel, attention with any window, soft-cap and sinks (PAGED_ATTENTION_OPTIONS) and no factor left
-unfolded, each projection on a kernel the graph calls (graph_ops.unsupported_linear).
+DecoderLayer with a SiLU or GELU(tanh) GatedMLP or a FusedMoE, q/k norm (per head or across heads) on the
+qk_norm kernel, RoPE (whole-head, partial or none) on the rope_and_cache kernel, attention with any window,
+soft-cap and sinks (PAGED_ATTENTION_OPTIONS) and no factor left unfolded, each projection on a kernel the
+graph calls (graph_ops.unsupported_linear).
 `unsupported_reason` says why a model is not captured (the engine logs it once); `graph_shape` gives the
 widths that size a graph's buffers (decode_graph_memory). A family whose layers the graph should learn
 adds their ops in decode_graph.py and removes their refusal here.
@@ -51,15 +52,13 @@ def unsupported_reason(model: CausalLM, uses_decode_kernel: bool) -> str | None:
 
 def unsupported_layer(layer: object) -> str | None:
     """Why a layer has no captured calls (None: it has): the captured step is a pre-norm DecoderLayer with
-    a GatedMLP whose activation has a kernel, RoPE on the rope_and_cache kernel (whole-head, partial or
-    none) and attention with the options paged_attention takes (windows, soft-caps, sinks)."""
+    a GatedMLP whose activation has a kernel or a FusedMoE, and attention with the options paged_attention
+    takes (windows, soft-caps, sinks); q/k norm and every RoPE variant have their kernels."""
     if not isinstance(layer, DecoderLayer):
         return f"a layer of type {type(layer).__name__} has no captured calls"
     if not isinstance(layer.mlp, GatedMLP | FusedMoE):
         return f"an MLP of type {type(layer.mlp).__name__} has no captured calls"
-    attention, spec = layer.self_attn, layer.self_attn.spec
-    if not spec.rope_kernel_serves:
-        return "q/k norm (Qwen3, OLMo 2) has no captured kernel"
+    attention = layer.self_attn
     if isinstance(layer.mlp, GatedMLP) and layer.mlp.hidden_act not in ACTIVATION_OPS:
         return f"the {layer.mlp.hidden_act} MLP activation has no captured kernel"
     # a FusedMoE's output_scale is the native call's (csrc/moe.cpp MoeLayer.scale)

@@ -14,8 +14,10 @@ import torch
 
 from backend.engine import cpu_kernels
 from backend.engine.device import cpu_has_fast_bf16
+from backend.engine.layers.attention import AttentionSpec
 from backend.engine.layers.fused_moe.native import NativeMoE
 from backend.engine.layers.linear import Linear
+from backend.engine.layers.norm import RMSNorm
 from backend.engine.quantization.column_tiles import ColumnTiles
 from backend.engine.quantization.gguf_reader import QuantizedWeight
 from backend.engine.quantization.interleaved import Interleaved
@@ -36,6 +38,7 @@ class Signature(IntEnum):  # csrc/step_graph.cpp's, with the argument lists writ
     EMBEDDING = 8
     WIDEN = 9
     MOE = 10
+    QK_NORM = 11
 
 
 class Op(ctypes.Structure):
@@ -68,7 +71,9 @@ def unsupported_linear(module: object, dtype: torch.dtype) -> str | None:
     CPU's own compute dtype (bf16 with fast bf16, else fp32: what dtype "auto" picks and the planner
     plans, memory_plan)."""
     if isinstance(module, Linear):
-        return None if module.native_weight is not None else "a projection not on gemm_bf16 (oneDNN or torch)"
+        if module.native_weight is not None or module.dense_f32:
+            return None
+        return "a projection not on gemm_bf16 (oneDNN or torch)"
     if isinstance(module, QuantizedLinear):
         rows_ok = dtype == (torch.bfloat16 if cpu_has_fast_bf16() else torch.float32)
         if module.use_kernel and all(
@@ -118,6 +123,9 @@ def linear_ops(module: Linear | QuantizedLinear, x: torch.Tensor, out: torch.Ten
     """y = module(x) into out ([rows, out_features] rows of x [rows, in_features]); a fused gate_up
     (Linear.fused_silu_and_mul) gives silu(gate) * up, [rows, out_features / 2], as its silu_and_mul()."""
     ldy = out.stride(0)
+    if isinstance(module, Linear) and module.dense_f32:  # an fp32 router
+        ints = [x.data_ptr(), ptr(module.weight), ptr(module.bias), out.data_ptr(), 0]
+        return [op("linear_f32", Signature.GEMM, 4, [*ints, module.out_features, module.in_features, ldy])]
     if isinstance(module, Linear):
         w, n, k = ptr(module.native_weight), module.out_features, module.in_features
         if module.fused_silu_and_mul:
@@ -202,6 +210,13 @@ def add_rms_norm_op(
         x.shape[1],
     ]
     return op(cpu_kernels.kernel_name("add_rms_norm", x.dtype), Signature.ADD_RMS_NORM, 5, ints, (eps,))
+
+
+def qk_norm_op(qkv: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm, spec: AttentionSpec) -> Op:
+    """A layer's q/k norm in place in qkv [S, (H + 2 KVH) * D] (cpu_kernels.qk_norm)."""
+    ints = [qkv.data_ptr(), q_norm.weight.data_ptr(), k_norm.weight.data_ptr(), 0, spec.num_heads]
+    ints += [spec.num_kv_heads, spec.head_dim, int(spec.qk_norm_across_heads)]
+    return op(cpu_kernels.kernel_name("qk_norm", qkv.dtype), Signature.QK_NORM, 3, ints, (q_norm.eps,))
 
 
 def silu_and_mul_op(gate_up: torch.Tensor, out: torch.Tensor) -> Op:

@@ -237,7 +237,7 @@ def _decode_graph_shape(req: PlanRequest, spec: ModelSpec, lay: Layout) -> Decod
     (launch_here.running_engine_request)."""
     traits = traits_of(spec.architecture, spec.model_type)  # the engine's registry (None: it cannot run it)
     uncaptured = lay.quant.name in ("fp32", "fp16") or traits is None
-    uncaptured = uncaptured or (traits is not None and traits.qk_norm)  # decode_graph_support: no q/k norm
+    uncaptured = uncaptured or (traits is not None and not traits.captured_decode)  # its layers' kind
     if lay.gpu.cpu is None or req.enforce_eager or uncaptured:
         return None
     fast_bf16 = lay.gpu.cpu.has_fast_bf16

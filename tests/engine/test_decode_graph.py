@@ -89,8 +89,9 @@ def joining_batch(vocab: int = 49152) -> tuple[list[list[int]], list[SamplingPar
     return batch, [greedy(n) for n in (12, 30, 7, 20, 9, 25)]
 
 
-# Granite: its multipliers folded into weights; Phi-3: its checkpoint's fused qkv_proj and gate_up_proj
-@pytest.mark.parametrize("arch", ["llama", "granite", "phi3"])
+# Granite: its multipliers folded into weights; Phi-3: its checkpoint's fused qkv_proj and gate_up_proj;
+# Qwen3: q/k norm per head
+@pytest.mark.parametrize("arch", ["llama", "granite", "phi3", "qwen3"])
 def test_tiny_bf16_model_logits_equal_eager_as_batches_change(arch):
     batch, params = joining_batch()
     eager, captured, _ = run_both(tiny_model(arch)[0], batch, params, max_num_seqs=3)
@@ -248,7 +249,6 @@ def test_partial_rotary_and_nope_layers_are_captured(arch):
 @pytest.mark.parametrize(
     ("arch", "dtype", "reason"),
     [
-        ("qwen3", "bfloat16", "q/k norm"),
         ("olmo2", "bfloat16", "a layer of type SandwichDecoderLayer"),
         ("gemma3", "bfloat16", "a layer of type SandwichDecoderLayer"),
         ("llama", "float32", "a projection not on gemm_bf16"),

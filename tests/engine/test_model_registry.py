@@ -9,7 +9,6 @@ import json
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -21,7 +20,7 @@ from backend.engine.cpu_kernels import PrefillKernelInputs
 from backend.engine.decode_graph_support import unsupported_layer
 from backend.engine.layers import attention as attention_layer
 from backend.engine.layers.attention import PAGED_ATTENTION_OPTIONS, Attention, AttentionSpec
-from backend.engine.layers.decoder import DecoderLayer
+from backend.engine.layers.decoder import DecoderLayer, SandwichDecoderLayer
 from backend.engine.layers.mlp import GatedMLP
 from backend.engine.layers.rotary import RopeSpec, RopeTables, apply_rope, rope_table
 from backend.engine.loader import load_model
@@ -68,8 +67,9 @@ def test_the_planner_reads_the_traits_without_torch():
     code = "import sys, backend.planner.memory_plan, backend.engine.models.registry\n"
     code += "assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
-    assert traits_of("Qwen3ForCausalLM", "qwen3").qk_norm
-    assert not traits_of("SomethingElse", "llama").qk_norm  # by model_type when the name is unknown
+    assert not traits_of("Gemma3ForCausalLM", "gemma3_text").captured_decode
+    assert not traits_of("SomethingElse", "olmo2").captured_decode  # by model_type when the name is unknown
+    assert traits_of("SomethingElse", "qwen3").captured_decode
     assert traits_of("GPT2LMHeadModel", "gpt2") is None
 
 
@@ -79,7 +79,8 @@ def test_declared_traits_are_what_the_built_model_does(arch):
     traits = traits_of(loaded.hf_config.architectures[0], loaded.hf_config.model_type)
     assert traits is not None and type(loaded.model) is model_class(loaded.hf_config.architectures[0])
     specs = loaded.model.attention_specs
-    assert [spec.qk_norm for spec in specs] == [traits.qk_norm] * len(specs)
+    reasons = [unsupported_layer(layer) for layer in loaded.model.layers]
+    assert (reasons == [None] * len(reasons)) == traits.captured_decode, reasons
     assert all(spec.rope is not None for spec in specs) == traits.rope_on_every_layer
 
 
@@ -175,18 +176,22 @@ def one_prefill(tokens: int, block_size: int, use_kernel: bool) -> AttentionMeta
 
 @pytest.mark.parametrize("use_kernel", [False, True])
 @pytest.mark.parametrize("rope", [RopeSpec(16), RopeSpec(8), None], ids=["whole", "partial", "none"])
-def test_attention_options_reach_paged_attention_as_transformers_computes_them(use_kernel, rope):
+@pytest.mark.parametrize("qk_norm", [(False, False), (True, False), (True, True)], ids=["", "qk", "qk-all"])
+def test_attention_options_reach_paged_attention_as_transformers_computes_them(use_kernel, rope, qk_norm):
     """A layer with a window, a soft-cap and sinks (each now accepted) computes transformers' attention
     with all three (tests/attention_utils.reference_attention), on the kernels and on the PyTorch path,
-    with whole-head, partial or no RoPE (the kernel path rotates on rope_and_cache for all three)."""
-    spec = AttentionSpec(4, 2, 16, 0.3, rope, sliding_window=5, logits_soft_cap=4.0, has_sinks=True)
-    assert spec.rope_kernel_serves
+    with whole-head, partial or no RoPE (the kernel path rotates on rope_and_cache for all three), without
+    or with q/k norm, per head or across heads (on the kernels: qk_norm in place before rope_and_cache)."""
+    spec = AttentionSpec(4, 2, 16, 0.3, rope, *qk_norm, sliding_window=5, logits_soft_cap=4.0, has_sinks=True)
     torch.manual_seed(0)
     attention = Attention(64, spec, (False, False), 1e-6)
     assert attention.options == {"sliding_window": 5, "soft_cap": 4.0, "sinks": True}
     with torch.no_grad():
         for linear in (attention.qkv_proj, attention.o_proj):
             linear.weight.normal_(0.0, 0.5)
+        for norm in (attention.q_norm, attention.k_norm):
+            if norm is not None:
+                norm.weight.normal_(1.0, 0.5)
         attention.sinks.copy_(torch.tensor([-1.0, 0.0, 1.0, 3.0]))
     attention.prepare()
     attention.use_kernel = use_kernel
@@ -227,19 +232,17 @@ def test_an_option_the_path_does_not_take_is_refused_by_name(feature, name, monk
     Attention(64, AttentionSpec(4, 2, 16, 0.25, None), (False, False), 1e-6)  # no RoPE: nothing refused
 
 
-def test_the_captured_step_still_refuses_qk_norm():
-    """The captured decode step takes every option and RoPE variant; q/k norm (Qwen3, OLMo 2) has no
-    captured call yet, and a model with it keeps the modules (test_decode_graph says why at start)."""
-    spec = AttentionSpec(4, 2, 16, 0.25, None, qk_norm=True, sliding_window=8, has_sinks=True)
+@pytest.mark.parametrize("across_heads", [False, True])
+def test_the_captured_step_takes_qk_norm_and_every_option(across_heads):
+    """The captured decode step takes every option, RoPE variant and q/k norm (Qwen3's per head, OLMoE's
+    across heads); a layer kind it has no calls for is refused by name."""
+    spec = AttentionSpec(4, 2, 16, 0.25, None, True, across_heads, sliding_window=8, has_sinks=True)
     layer = DecoderLayer(Attention(64, spec, (False, False), 1e-6), GatedMLP(64, 128, False), 64, 1e-6)
-    assert unsupported_layer(layer) == "q/k norm (Qwen3, OLMo 2) has no captured kernel"
-    plain = DecoderLayer(
-        Attention(64, replace(spec, qk_norm=False), (False, False), 1e-6),
-        GatedMLP(64, 128, False, "gelu_pytorch_tanh"),
-        64,
-        1e-6,
+    assert unsupported_layer(layer) is None
+    sandwich = SandwichDecoderLayer(
+        Attention(64, spec, (False, False), 1e-6), GatedMLP(64, 128, False), 64, 1e-6, True
     )
-    assert unsupported_layer(plain) is None
+    assert unsupported_layer(sandwich) == "a layer of type SandwichDecoderLayer has no captured calls"
 
 
 @pytest.mark.parametrize("flags", [[1, 1, 0], [1, 1, 1, 2], "1110", None])

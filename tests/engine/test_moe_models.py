@@ -2,8 +2,9 @@
 outputs of tiny random fp32 models token-identical to transformers with chunked prefill, prefix caching
 and preemption on, from the safetensors checkpoint and from llama.cpp's own F32 GGUF of it; the
 converter's Q8_0 and a Q4_0 requantization keep their experts as stored blocks and give the tokens the
-same file gives decoded to dense weights. The captured decode step covers the MoE layers (bf16, logits
-equal the modules' bit for bit). Expert-load statistics count top_k assignments per token and MoE layer."""
+same file gives decoded to dense weights. The captured decode step covers the MoE layers (bf16, and fp32
+as a CPU without fast bf16 runs a GGUF; logits equal the modules' bit for bit). Expert-load statistics
+count top_k assignments per token and MoE layer."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from functools import cache
 import pytest
 import torch
 
-from backend.engine import LLM, SamplingParams
+from backend.engine import LLM, SamplingParams, cpu_kernels
 from backend.engine.layers.fused_moe import FusedMoE
 from tests.engine_utils import assert_engine_clean, hf_greedy, prompts
 from tests.gguf_family_utils import family_gguf, tiny_family_model
@@ -130,12 +131,20 @@ def test_expert_counts_are_a_prometheus_counter_per_layer_and_expert():
 
 @pytest.mark.parametrize(
     ("family", "source"),
-    [("mixtral", "safetensors"), ("granitemoe", "safetensors"), ("mixtral", "q8_0"), ("mixtral", "q4_0")],
+    [
+        ("mixtral", "safetensors"),
+        ("granitemoe", "safetensors"),
+        ("olmoe", "safetensors"),
+        ("mixtral", "q8_0"),
+        ("mixtral", "q4_0"),
+        ("qwen3moe", "q4_0"),
+    ],
 )
 def test_the_captured_decode_step_covers_the_moe_layers(family, source):
     """bf16 (the experts on csrc/moe.cpp, dense or GGUF blocks; Granite's residual multiplier folded into
-    its dense down experts): every step's logits of the captured decode step equal the modules' bit for
-    bit, while batches shrink and grow under preemption."""
+    its dense down experts; OLMoE's q/k norm across heads, Qwen3-MoE's per head): every step's logits of
+    the captured decode step equal the modules' bit for bit, while batches shrink and grow under
+    preemption."""
     from backend.engine.device import cpu_has_fast_bf16
     from backend.engine.graph_ops import Signature
 
@@ -151,6 +160,28 @@ def test_the_captured_decode_step_covers_the_moe_layers(family, source):
     moe_calls = [op for op in graph.ops if op.signature == Signature.MOE]
     assert len(moe_calls) == hf_model(family).config.num_hidden_layers
     assert_captured_equals_eager(engines, batch(family), (12, 30, 7, 20, 9, 25))
+
+
+def test_fp32_moe_gguf_is_captured_with_its_router_on_linear_f32(monkeypatch):
+    """A CPU without fast bf16 computes in fp32 (simulated here: the flag read as absent where the graph
+    decides): OLMoE's Q4_0 GGUF, its F32 router on linear_f32 and its q/k norm on qk_norm, is captured,
+    every step's logits the modules' bit for bit."""
+    from backend.engine import graph_ops
+    from backend.engine.graph_ops import Signature
+
+    monkeypatch.setattr(graph_ops, "cpu_has_fast_bf16", lambda: False)
+    folder = str(family_gguf("olmoe", "q4_0"))
+    engines = {
+        eager: LLM(folder, dtype="float32", device="cpu", enforce_eager=eager, **STRESS)
+        for eager in (True, False)
+    }
+    graph = engines[False].llm_engine.runner.decode_graph
+    assert graph is not None and graph.hidden.dtype == torch.float32
+    layers = hf_model("olmoe").config.num_hidden_layers
+    routers = [op for op in graph.ops if op.function == cpu_kernels.kernel_address("linear_f32")]
+    assert len(routers) == layers
+    assert sum(op.signature == Signature.QK_NORM for op in graph.ops) == layers
+    assert_captured_equals_eager(engines, batch("olmoe"), (12, 30, 7, 20, 9, 25))
 
 
 def test_qwen3_moe_dense_layers_by_mlp_only_layers_and_sparse_step(tmp_path):

@@ -145,3 +145,85 @@ def test_decode_attention_op_equals_the_eager_call(sliding_window, soft_cap, wit
     assert op.rows_slot == 7 and ctypes.sizeof(op) == cpu_kernels.step_graph_op_size()
     replay(op, rows)
     assert torch.equal(out.view(rows, HEADS, HEAD_DIM), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 70])
+@pytest.mark.parametrize("across_heads", [False, True])
+def test_qk_norm_matches_transformers_in_place(dtype, tokens, across_heads):
+    """Qwen3's per-head q/k norm and OLMoE's across all heads (transformers' own RMSNorm classes), in place
+    in the fused projection's output; v untouched."""
+    from transformers.models.olmoe.modeling_olmoe import OlmoeRMSNorm
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    gen = torch.Generator().manual_seed(5)
+    qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * HEAD_DIM, generator=gen).to(dtype)
+    q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=1)
+    norm = OlmoeRMSNorm if across_heads else Qwen3RMSNorm
+    q_norm, k_norm = (
+        norm(width, eps=1e-6).to(dtype)
+        for width in ((HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM) if across_heads else (HEAD_DIM,) * 2)
+    )
+    for module in (q_norm, k_norm):
+        module.weight.data = torch.randn(module.weight.shape, generator=gen).to(dtype)
+    with torch.no_grad():
+        if across_heads:
+            expected_q, expected_k = q_norm(q), k_norm(k)
+        else:
+            expected_q = q_norm(q.reshape(tokens, HEADS, HEAD_DIM)).reshape(tokens, -1)
+            expected_k = k_norm(k.reshape(tokens, KV_HEADS, HEAD_DIM)).reshape(tokens, -1)
+    v_before = v.clone()
+    cpu_kernels.qk_norm(qkv, q_norm.weight, k_norm.weight, HEADS, KV_HEADS, across_heads, 1e-6)
+    exact = 0 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(q, expected_q, atol=1e-5 + exact, rtol=exact)
+    torch.testing.assert_close(k, expected_k, atol=1e-5 + exact, rtol=exact)
+    assert torch.equal(v, v_before)
+
+
+@pytest.mark.parametrize("across_heads", [False, True])
+def test_qk_norm_op_equals_the_eager_call(across_heads):
+    from backend.engine.layers.attention import AttentionSpec
+    from backend.engine.layers.norm import RMSNorm
+
+    spec = AttentionSpec(
+        HEADS, KV_HEADS, HEAD_DIM, 0.125, None, qk_norm=True, qk_norm_across_heads=across_heads
+    )
+    widths = (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM) if across_heads else (HEAD_DIM, HEAD_DIM)
+    gen = torch.Generator().manual_seed(6)
+    norms = [RMSNorm(width, 1e-5).bfloat16() for width in widths]
+    for norm in norms:
+        norm.weight.data = torch.randn(norm.weight.shape, generator=gen).bfloat16()
+    qkv = torch.randn(8, (HEADS + 2 * KV_HEADS) * HEAD_DIM, generator=gen).bfloat16()
+    expected = qkv[:3].clone()
+    cpu_kernels.qk_norm(expected, norms[0].weight, norms[1].weight, HEADS, KV_HEADS, across_heads, 1e-5)
+    untouched = qkv[3:].clone()
+    replay(graph_ops.qk_norm_op(qkv, *norms, spec), 3)
+    assert torch.equal(qkv[:3], expected)
+    assert torch.equal(qkv[3:], untouched)  # rows past the step's are not the step's
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_fp32_router_matches_torch_and_its_captured_call_the_module(bias):
+    """A MoE router in an fp32 model (a CPU without fast bf16) is linear_f32 eager and captured: torch's
+    product to float rounding, and the captured call the module's output bit for bit, at any row count."""
+    from backend.engine.layers.linear import Linear
+
+    gen = torch.Generator().manual_seed(7)
+    router = Linear(200, 24, bias=bias)
+    router.weight.data = torch.randn(24, 200, generator=gen)
+    if bias:
+        router.bias.data = torch.randn(24, generator=gen)
+    router.is_router = True
+    expected_at = {rows: torch.randn(rows, 200, generator=gen) for rows in (1, 5, 70)}
+    with torch.no_grad():
+        reference = {rows: F.linear(x, router.weight, router.bias) for rows, x in expected_at.items()}
+        router.prepare()
+        assert router.dense_f32 and graph_ops.unsupported_linear(router, torch.float32) is None
+        x, out = torch.zeros(70, 200), torch.full((70, 24), float("nan"))
+        ops = graph_ops.linear_ops(router, x, out)
+        for rows, rows_x in expected_at.items():
+            got = router(rows_x)
+            torch.testing.assert_close(got, reference[rows], atol=1e-4, rtol=1e-5)
+            x[:rows] = rows_x
+            cpu_kernels.run_step_graph((graph_ops.Op * len(ops))(*ops), rows)
+            assert torch.equal(out[:rows], got), rows

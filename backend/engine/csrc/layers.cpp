@@ -24,10 +24,11 @@ constexpr int64_t PARALLEL_MIN_ELEMENTS = 16384;
 
 // One row of rms_norm / add_rms_norm: with residual, sum = round(x + residual) is stored first (the
 // decoder's residual add, in the storage type, as torch adds); then out = weight * round(sum * rsqrt(mean(
-// sum^2) + eps)), transformers' RMSNorm (sum = x without residual).
+// sum^2) + eps)), transformers' RMSNorm (sum = x without residual). out may be x (qk_norm normalises in
+// place: each element is read before it is written, in the same step).
 template <typename T>
-inline void rms_norm_row(const T *__restrict x, const T *__restrict residual, const T *__restrict weight,
-                         T *__restrict out, T *__restrict sum, int64_t dim, float eps) {
+inline void rms_norm_row(const T *x, const T *__restrict residual, const T *__restrict weight, T *out,
+                         T *__restrict sum, int64_t dim, float eps) {
 #if defined(LANES16)
     __m512 squares = _mm512_setzero_ps();
     for (int64_t i = 0; i < dim; i += 16) {
@@ -71,6 +72,28 @@ template <typename T>
 void rms_norm(const T *x, const T *weight, T *out, int64_t rows, int64_t dim, float eps) {
 #pragma omp parallel for schedule(static) if (rows > 1 && rows * dim >= PARALLEL_MIN_ELEMENTS)
     for (int64_t r = 0; r < rows; r++) rms_norm_row<T>(x + r * dim, nullptr, weight, out + r * dim, nullptr, dim, eps);
+}
+
+// The q/k norm of qkv [rows, (heads + 2 kv_heads) * D], the fused projection's output, in place before RoPE:
+// transformers' RMSNorm of each q head with q_weight [D] and of each k head with k_weight [D] (Qwen3), or
+// across_heads, of all of a row's q at once with q_weight [heads * D] and all of its k with k_weight
+// [kv_heads * D] (OLMo 2, OLMoE); v is not read.
+template <typename T>
+void qk_norm(T *qkv, const T *q_weight, const T *k_weight, int64_t rows, int64_t heads, int64_t kv_heads,
+             int64_t D, bool across_heads, float eps) {
+    const int64_t q_width = across_heads ? heads * D : D, k_width = across_heads ? kv_heads * D : D;
+    const int64_t q_groups = heads * D / q_width, k_groups = kv_heads * D / k_width;
+    const int64_t stride = (heads + 2 * kv_heads) * D;
+#pragma omp parallel for schedule(static) if (rows > 1 && rows * stride >= PARALLEL_MIN_ELEMENTS)
+    for (int64_t r = 0; r < rows; r++) {
+        T *q = qkv + r * stride, *k = q + heads * D;
+        for (int64_t g = 0; g < q_groups; g++) {
+            rms_norm_row<T>(q + g * q_width, nullptr, q_weight, q + g * q_width, nullptr, q_width, eps);
+        }
+        for (int64_t g = 0; g < k_groups; g++) {
+            rms_norm_row<T>(k + g * k_width, nullptr, k_weight, k + g * k_width, nullptr, k_width, eps);
+        }
+    }
 }
 
 // residual_out = round(x + residual), out = rms_norm(residual_out): vLLM's fused_add_rms_norm, one pass and
@@ -284,6 +307,14 @@ void add_rms_norm_bf16(const BFloat16 *x, const BFloat16 *res, const BFloat16 *w
                        BFloat16 *res_out, int64_t rows, int64_t dim, float eps) {
     add_rms_norm(x, res, w, out, res_out, rows, dim, eps);
 }
+void qk_norm_f32(float *qkv, const float *q_w, const float *k_w, int64_t rows, int64_t heads, int64_t kv_heads,
+                 int64_t D, int64_t across_heads, float eps) {
+    qk_norm(qkv, q_w, k_w, rows, heads, kv_heads, D, across_heads != 0, eps);
+}
+void qk_norm_bf16(BFloat16 *qkv, const BFloat16 *q_w, const BFloat16 *k_w, int64_t rows, int64_t heads,
+                  int64_t kv_heads, int64_t D, int64_t across_heads, float eps) {
+    qk_norm(qkv, q_w, k_w, rows, heads, kv_heads, D, across_heads != 0, eps);
+}
 void silu_and_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t dim) {
     silu_and_mul(gate_up, out, rows, dim);
 }
@@ -317,6 +348,25 @@ void linear_bf16_small(const BFloat16 *x, const BFloat16 *weight, const BFloat16
         }
     }
 }
+}
+
+// y [rows, n] (row stride ldy) = x [rows, k] @ weight [n, k]^T (+ bias [n]), all fp32 and dense: a MoE
+// router in an fp32 model (CPUs without fast bf16), where oneDNN's call and its tensors cost more than the
+// product (64 x 2048 for OLMoE), eager and captured alike (graph_ops). Each output is one dot product of k,
+// the same sums for any row count.
+extern "C" void linear_f32(const float *x, const float *weight, const float *bias, float *y, int64_t rows,
+                           int64_t n, int64_t k, int64_t ldy) {
+#pragma omp parallel for schedule(static) if (n * k >= PARALLEL_MIN_ELEMENTS)
+    for (int64_t j = 0; j < n; j++) {
+        const float *w = weight + j * k;
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = x + r * k;
+            float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+            for (int64_t i = 0; i < k; i++) acc += xr[i] * w[i];
+            y[r * ldy + j] = acc + (bias ? bias[j] : 0.0f);
+        }
+    }
 }
 
 #define EXPORT_ROPE_AND_CACHE(SUFFIX, T, C)                                                                \

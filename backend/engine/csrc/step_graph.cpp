@@ -11,7 +11,7 @@
 namespace {
 
 enum Signature : int64_t {
-    GEMM = 0,            // (x, w, bias, y, rows, n, k, ldy): gemm_bf16_silu_and_mul
+    GEMM = 0,            // (x, w, bias, y, rows, n, k, ldy): gemm_bf16_silu_and_mul, quant_gemm_*, linear_f32
     GEMM_BF16 = 1,       // (x, w, bias, y, rows, n, k, ldy, float_out)
     RMS_NORM = 2,        // (x, weight, out, rows, dim, eps)
     ADD_RMS_NORM = 3,    // (x, residual, weight, out, residual_out, rows, dim, eps)
@@ -24,6 +24,7 @@ enum Signature : int64_t {
     EMBEDDING = 8,       // (ids, table, out, rows, k or row bytes): interleaved_embedding_q8_0, embedding_rows
     WIDEN = 9,           // (y, rows, n): widen_bf16_rows
     MOE = 10,            // (layer, x, logits, shared, shared_gate, out, workspace, rows): moe_forward_*
+    QK_NORM = 11,        // (qkv, q_weight, k_weight, rows, heads, kv_heads, dim, across_heads, eps): qk_norm_*
 };
 
 constexpr int MAX_INTS = 16;
@@ -78,6 +79,10 @@ void run(const Op &op) {
             break;
         case SILU_AND_MUL:
             reinterpret_cast<void (*)(P, P, I, I)>(op.function)(p(a, 0), p(a, 1), a[2], a[3]);
+            break;
+        case QK_NORM:
+            reinterpret_cast<void (*)(P, P, P, I, I, I, I, I, F)>(op.function)(p(a, 0), p(a, 1), p(a, 2), a[3], a[4],
+                                                                           a[5], a[6], a[7], f[0]);
             break;
         case ROPE_AND_CACHE:
             reinterpret_cast<void (*)(P, P, P, P, P, P, P, I, I, I, I, I, I, F, F, F)>(op.function)(

@@ -1,12 +1,13 @@
-"""Attention over the paged KV cache: fused q/k/v projection, optional per-head q/k RMSNorm, RoPE, the
+"""Attention over the paged KV cache: fused q/k/v projection, optional q/k RMSNorm, RoPE, the
 cache write, backend/engine/attention.paged_attention and the output projection.
 
 Each layer is built from an AttentionSpec, the per-layer facts the rest of the engine reads from the model
-(the KV pool's heads and head size per layer, windows, soft-caps, sinks). The RoPE-and-cache-write kernel
-serves every layer without q/k norm (`rope_kernel_serves`): whole-head, partial (rotary_dim < head_dim)
-and no RoPE alike; a layer with q/k norm takes the PyTorch path. A spec needing an attention option that
-paged_attention does not take is refused when the layer is built (ValueError naming it), so no model runs
-with a feature silently dropped.
+(the KV pool's heads and head size per layer, windows, soft-caps, sinks). Where the native kernels serve,
+a layer's q/k norm (per head or across heads) runs in place on the projection's output (cpu_kernels.qk_norm)
+and the RoPE-and-cache-write kernel follows: whole-head, partial (rotary_dim < head_dim) and no RoPE alike,
+the calls a captured decode step makes too. Elsewhere the PyTorch path does the same. A spec needing an
+attention option that paged_attention does not take is refused when the layer is built (ValueError naming
+it), so no model runs with a feature silently dropped.
 """
 
 from __future__ import annotations
@@ -60,12 +61,6 @@ class AttentionSpec:
         return wanted
 
     @property
-    def rope_kernel_serves(self) -> bool:
-        """cpu_kernels.rope_and_cache computes this layer's RoPE and cache write: no q/k norm between the
-        projection and RoPE (the first rotary_dim elements of each head rotate; none on a NoPE layer)."""
-        return not self.qk_norm
-
-    @property
     def rotary_dim(self) -> int:
         """Each head's leading elements that RoPE rotates (0: no RoPE on this layer)."""
         return 0 if self.rope is None else self.rope.rotary_dim
@@ -106,7 +101,17 @@ class Attention(nn.Module):
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         rope = None if self.spec.rope is None else ropes[self.spec.rope]
-        if self.use_kernel and self.spec.rope_kernel_serves:
+        if self.use_kernel:
+            if self.q_norm is not None and self.k_norm is not None:
+                cpu_kernels.qk_norm(
+                    qkv,
+                    self.q_norm.weight,
+                    self.k_norm.weight,
+                    self.num_heads,
+                    self.num_kv_heads,
+                    self.spec.qk_norm_across_heads,
+                    self.q_norm.eps,
+                )
             cpu_kernels.rope_and_cache(
                 qkv,
                 meta.positions,

@@ -32,6 +32,8 @@ class Linear(nn.Linear):
     native_weight: torch.Tensor | None = None  # cpu_kernels.gemm_bf16_pack(weight), set by prepare()
     float_output = False  # lm_head on gemm_bf16: logits come out as their fp32 copy (what the sampler takes)
     is_gate_up = False  # MLP's gate_up_proj (gate rows, then up rows): prepare() may fuse SiLU-and-mul in
+    is_router = False  # a MoE block's router (or shared-expert gate): a few outputs, computed every token
+    dense_f32 = False  # an fp32 router kept as loaded for cpu_kernels.linear_f32 (prepare()), captured too
     fused_silu_and_mul = False  # native_weight holds gate and up panels in turn: only silu_and_mul() reads it
     compute_dtype: torch.dtype | None = None  # set when the packed copy is fp32 for a bf16 model
     linear_pointwise: Any = None  # torch.ops.mkldnn._linear_pointwise.default where packed_weight is set
@@ -47,6 +49,13 @@ class Linear(nn.Linear):
             else:
                 self.native_weight = cpu_kernels.gemm_bf16_pack(weight)
             self.weight = nn.Parameter(weight.new_empty(0), requires_grad=False)
+            return
+        if (
+            self.is_router
+            and weight.dtype == torch.float32
+            and cpu_kernels.supports(weight.device, weight.dtype)
+        ):
+            self.dense_f32 = True  # oneDNN's call costs more than this product, and no captured step calls it
             return
         # the op's overload itself: calling it skips the packet's overload resolution (about 1.5 us a call)
         self.linear_pointwise = torch.ops.mkldnn._linear_pointwise.default
@@ -71,6 +80,10 @@ class Linear(nn.Linear):
         return cpu_kernels.gemm_bf16_silu_and_mul(x, self.native_weight, self.out_features, self.packed_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dense_f32:
+            rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, x.shape[-1]).contiguous()
+            out = cpu_kernels.linear_f32(rows, self.weight, self.bias)
+            return out if x.dim() == 2 else out.view(*x.shape[:-1], self.out_features)
         if self.native_weight is not None:
             rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, x.shape[-1]).contiguous()
             dtype = torch.float32 if self.float_output else x.dtype

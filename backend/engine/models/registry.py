@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 class ModelTraits:
     """What is known of an architecture before its model is built (the planner's mirror reads these)."""
 
-    qk_norm: bool = False  # per-head q/k RMSNorm: no captured-decode kernel for it (decode_graph)
+    captured_decode: bool = True  # False: layers the captured decode step has no calls for (decode_graph)
     rope_on_every_layer: bool = True  # False: some layers skip RoPE (SmolLM3)
 
 
@@ -39,19 +39,19 @@ MODELS: dict[str, ModelEntry] = {
     "LlamaForCausalLM": ModelEntry("llama", "LlamaForCausalLM", ("llama",)),
     "MistralForCausalLM": ModelEntry("llama", "LlamaForCausalLM", ("mistral",)),  # alias of Llama
     "Qwen2ForCausalLM": ModelEntry("llama", "LlamaForCausalLM", ("qwen2",)),  # alias of Llama
-    "Qwen3ForCausalLM": ModelEntry("qwen3", "Qwen3ForCausalLM", ("qwen3",), ModelTraits(qk_norm=True)),
+    "Qwen3ForCausalLM": ModelEntry("qwen3", "Qwen3ForCausalLM", ("qwen3",)),
     "GraniteForCausalLM": ModelEntry("granite", "GraniteForCausalLM", ("granite",)),
     "MixtralForCausalLM": ModelEntry("mixtral", "MixtralForCausalLM", ("mixtral",)),
-    "Qwen3MoeForCausalLM": ModelEntry(
-        "qwen3_moe", "Qwen3MoeForCausalLM", ("qwen3_moe",), ModelTraits(qk_norm=True)
-    ),
+    "Qwen3MoeForCausalLM": ModelEntry("qwen3_moe", "Qwen3MoeForCausalLM", ("qwen3_moe",)),
     "GraniteMoeForCausalLM": ModelEntry("granitemoe", "GraniteMoeForCausalLM", ("granitemoe",)),
-    "OlmoeForCausalLM": ModelEntry("olmoe", "OlmoeForCausalLM", ("olmoe",), ModelTraits(qk_norm=True)),
+    "OlmoeForCausalLM": ModelEntry("olmoe", "OlmoeForCausalLM", ("olmoe",)),
     "GptOssForCausalLM": ModelEntry("gpt_oss", "GptOssForCausalLM", ("gpt_oss",)),
-    "Gemma3ForCausalLM": ModelEntry(
-        "gemma3", "Gemma3ForCausalLM", ("gemma3_text",), ModelTraits(qk_norm=True)
+    "Gemma3ForCausalLM": ModelEntry(  # sandwich norms (SandwichDecoderLayer)
+        "gemma3", "Gemma3ForCausalLM", ("gemma3_text",), ModelTraits(captured_decode=False)
     ),
-    "Olmo2ForCausalLM": ModelEntry("olmo2", "Olmo2ForCausalLM", ("olmo2",), ModelTraits(qk_norm=True)),
+    "Olmo2ForCausalLM": ModelEntry(  # post-norms (SandwichDecoderLayer)
+        "olmo2", "Olmo2ForCausalLM", ("olmo2",), ModelTraits(captured_decode=False)
+    ),
     "Phi3ForCausalLM": ModelEntry("llama", "LlamaForCausalLM", ("phi3",)),  # alias: fused names are ours
     "SmolLM3ForCausalLM": ModelEntry(
         "smollm3", "SmolLM3ForCausalLM", ("smollm3",), ModelTraits(rope_on_every_layer=False)

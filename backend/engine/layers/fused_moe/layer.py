@@ -40,6 +40,9 @@ class FusedMoE(nn.Module):
         shared = config.shared_intermediate_size
         self.shared_expert = GatedMLP(hidden, shared, bias=False) if shared else None
         self.shared_expert_gate = Linear(hidden, 1, bias=False) if config.shared_expert_gate else None
+        for router in (self.gate, self.shared_expert_gate):
+            if router is not None:
+                router.is_router = True
         self.quantized: dict[str, QuantizedWeight] = {}  # "w13" / "w2" kept as GGUF blocks
         self.pending_mxfp4: dict[
             str, torch.Tensor
