@@ -597,7 +597,9 @@ def linear_f32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
     out = x.new_empty(x.shape[0], weight.shape[0])
     bias_ptr = None if bias is None else bias.data_ptr()
     n, k = weight.shape
-    load_library().linear_f32(x.data_ptr(), weight.data_ptr(), bias_ptr, out.data_ptr(), x.shape[0], n, k, n)
+    lib = load_library()
+    assert lib is not None, "called only where supports() found the library"
+    lib.linear_f32(x.data_ptr(), weight.data_ptr(), bias_ptr, out.data_ptr(), x.shape[0], n, k, n)
     return out
 
 
