@@ -1,7 +1,9 @@
 """rope_and_cache with partial rotary (Phi-3) and without RoPE (SmolLM3's NoPE layers), and
 gelu_tanh_and_mul (Gemma's gelu_pytorch_tanh MLP): the kernels against transformers' own functions and the
 PyTorch twins, and their captured-step ops (graph_ops.py, replayed by csrc/step_graph.cpp) against the eager
-kernel calls, bit for bit, as is the decode-attention op with a window, a soft-cap and sinks."""
+kernel calls, bit for bit, as is the decode-attention op with a window, a soft-cap and sinks. qk_norm (Qwen3's
+per-head and OLMoE's across-heads q/k norm, in place) against transformers' RMSNorm classes, and linear_f32
+(an fp32 MoE router) against torch, with their ops against the eager calls."""
 
 from __future__ import annotations
 
