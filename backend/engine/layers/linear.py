@@ -55,7 +55,7 @@ class Linear(nn.Linear):
             and weight.dtype == torch.float32
             and cpu_kernels.supports(weight.device, weight.dtype)
         ):
-            self.dense_f32 = True  # oneDNN's call costs more than this product, and no captured step calls it
+            self.dense_f32 = True  # oneDNN's call costs more than this small product; graph_ops captures it
             return
         # the op's overload itself: calling it skips the packet's overload resolution (about 1.5 us a call)
         self.linear_pointwise = torch.ops.mkldnn._linear_pointwise.default
@@ -80,14 +80,14 @@ class Linear(nn.Linear):
         return cpu_kernels.gemm_bf16_silu_and_mul(x, self.native_weight, self.out_features, self.packed_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.dense_f32:
+        if self.native_weight is not None or self.dense_f32:  # a native kernel on x's rows
             rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, x.shape[-1]).contiguous()
-            out = cpu_kernels.linear_f32(rows, self.weight, self.bias)
-            return out if x.dim() == 2 else out.view(*x.shape[:-1], self.out_features)
-        if self.native_weight is not None:
-            rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, x.shape[-1]).contiguous()
-            dtype = torch.float32 if self.float_output else x.dtype
-            out = cpu_kernels.gemm_bf16(rows, self.native_weight, self.out_features, self.packed_bias, dtype)
+            if self.native_weight is None:
+                out = cpu_kernels.linear_f32(rows, self.weight, self.bias)
+            else:
+                dtype = torch.float32 if self.float_output else x.dtype
+                bias = self.packed_bias
+                out = cpu_kernels.gemm_bf16(rows, self.native_weight, self.out_features, bias, dtype)
             return out if x.dim() == 2 else out.view(*x.shape[:-1], self.out_features)
         if self.compute_dtype and x.shape[0] <= self.SMALL_BATCH:
             if self.use_kernel and x.is_contiguous():
